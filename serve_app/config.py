@@ -1,0 +1,176 @@
+"""Typed arguments of the serve app: the `args:` block of serveConfigV2.
+
+These models are the contract between the Helm chart and the app. The chart renders
+`applications[].args` from values.yaml; the app validates them here at build time; and the
+chart tests validate every rendered serveConfigV2 with the same models. This module imports
+only pydantic so the chart tests can use it without Ray or vLLM.
+
+Field names are snake_case (Ray Serve LLM's style); the chart's values are camelCase.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Role = Literal["prefill", "decode"]
+
+# Engine arguments the app sets itself from other fields; users set those fields instead.
+RESERVED_ENGINE_ARGS = {
+    "model": "model.source",
+    "served_model_name": "model.id",
+    "tokenizer": "model.tokenizer_source",
+    "tensor_parallel_size": "<role>.tensor_parallel_size",
+    "pipeline_parallel_size": "<role>.pipeline_parallel_size",
+    "kv_transfer_config": "kv_transfer",
+}
+
+# Default Ray node label that names a worker's role. The chart puts it on each worker group
+# (KubeRay `labels:`), the app selects it in each role's placement-group bundles.
+DEFAULT_ROLE_LABEL_KEY = "ray-llm-disagg.io/role"
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors: a typo in values.yaml must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(StrictModel):
+    id: str = Field(min_length=1, description="Model name clients send in `model`.")
+    source: str = Field(min_length=1, description="HF repo id, s3:// URI or local path of the weights.")
+    tokenizer_source: Optional[str] = Field(default=None, description="Tokenizer location if not `source`.")
+
+
+class AutoscalingSpec(StrictModel):
+    min_replicas: int = Field(ge=0)
+    max_replicas: int = Field(ge=1)
+    target_ongoing_requests: float = Field(default=16, gt=0)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "AutoscalingSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class RoleSpec(StrictModel):
+    """One engine role (prefill or decode): its size, parallelism and engine arguments."""
+
+    replicas: int = Field(default=1, ge=0)
+    autoscaling: Optional[AutoscalingSpec] = None
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="Extra env vars for the engine.")
+    side_channel_port: Optional[int] = Field(
+        default=None,
+        ge=1024,
+        le=65535,
+        description="NIXL side-channel port. Ray 2.58 sets it only for NixlConnector; "
+        "NixlPushConnector needs it explicitly or both engines bind vLLM's default 5600.",
+    )
+
+    @model_validator(mode="after")
+    def _engine_args_not_reserved(self) -> "RoleSpec":
+        for key in self.engine_args:
+            if key in RESERVED_ENGINE_ARGS:
+                raise ValueError(
+                    f"engine_args.{key} is set by the app; set {RESERVED_ENGINE_ARGS[key]} instead"
+                )
+        return self
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class KVTransferSpec(StrictModel):
+    """How the KV cache moves from prefill to decode (vLLM KV connector)."""
+
+    connector: Literal["NixlConnector", "NixlPushConnector"] = "NixlConnector"
+    backend: Literal["UCX", "LIBFABRIC"] = Field(
+        default="UCX", description="NIXL backend: LIBFABRIC for EFA, UCX otherwise."
+    )
+    buffer_device: Literal["cuda", "cpu"] = "cuda"
+
+
+class PlacementSpec(StrictModel):
+    """Pins each role's placement groups to the Ray nodes of its pool."""
+
+    role_label_key: str = Field(default=DEFAULT_ROLE_LABEL_KEY, min_length=1)
+    pin_roles: bool = Field(default=True, description="Add a bundle label selector per role.")
+    ingress_label: Optional[dict[str, str]] = Field(
+        default=None, description="Ray node label selector for the ingress (e.g. keep it off GPU pools)."
+    )
+
+
+class IngressSpec(StrictModel):
+    replicas: int = Field(default=1, ge=1)
+    num_cpus: float = Field(default=1, ge=0)
+    max_ongoing_requests: int = Field(default=1000, ge=1)
+
+
+class AppConfig(StrictModel):
+    """The whole serve app: one model, served aggregated or disaggregated."""
+
+    mode: Literal["disaggregated", "aggregated"] = "disaggregated"
+    model: ModelSpec
+    accelerator: Literal["gpu", "cpu"] = "gpu"
+    accelerator_type: Optional[str] = Field(default=None, description="Ray accelerator type, e.g. H100.")
+    prefill: Optional[RoleSpec] = None
+    decode: RoleSpec = Field(description="In aggregated mode this role serves whole requests.")
+    kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    ingress: IngressSpec = Field(default_factory=IngressSpec)
+    remote_prefill_min_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Selective disaggregation: prompts shorter than this many tokens are "
+        "prefilled locally by decode (no KV transfer). 0 sends every prompt to prefill.",
+    )
+    allow_prefill_tp_greater_than_decode: bool = Field(
+        default=False, description="NIXL cannot split a prefill TP group across fewer decode ranks."
+    )
+
+    @model_validator(mode="after")
+    def _check_topology(self) -> "AppConfig":
+        if self.mode == "aggregated":
+            return self
+        if self.prefill is None:
+            raise ValueError("prefill: required when mode is disaggregated")
+        p, d = self.prefill, self.decode
+        if d.pipeline_parallel_size > 1:
+            raise ValueError(
+                "decode.pipeline_parallel_size: must be 1; vLLM's NIXL KV transfer does not "
+                "support pipeline parallelism on the decode side"
+            )
+        if p.pipeline_parallel_size > 1 and self.kv_transfer.connector != "NixlPushConnector":
+            raise ValueError(
+                "prefill.pipeline_parallel_size: > 1 needs kv_transfer.connector NixlPushConnector; "
+                "NixlConnector (pull) rejects PP > 1 at its handshake"
+            )
+        if p.tensor_parallel_size > d.tensor_parallel_size and not self.allow_prefill_tp_greater_than_decode:
+            raise ValueError(
+                f"prefill.tensor_parallel_size ({p.tensor_parallel_size}) > decode.tensor_parallel_size "
+                f"({d.tensor_parallel_size}): NIXL transfers need prefill TP <= decode TP; set "
+                "allow_prefill_tp_greater_than_decode if your vLLM supports it"
+            )
+        if self.kv_transfer.connector == "NixlPushConnector":
+            for role, spec in (("prefill", p), ("decode", d)):
+                if spec.side_channel_port is None:
+                    raise ValueError(
+                        f"{role}.side_channel_port: required with NixlPushConnector (Ray 2.58 does "
+                        "not assign NIXL side-channel ports for it; engines would clash on 5600)"
+                    )
+        return self
+
+    def roles(self) -> dict[str, RoleSpec]:
+        """The engine roles this mode deploys, by name."""
+        if self.mode == "aggregated":
+            return {"decode": self.decode}
+        assert self.prefill is not None
+        return {"prefill": self.prefill, "decode": self.decode}
