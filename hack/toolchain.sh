@@ -29,6 +29,18 @@ go_install() {
     rld::die "go install $3 failed (see the go output above). Check the proxy serves it: go list -m -versions ${3%@*}"
 }
 
+# go_build_module MODULE@VERSION DEST LDFLAGS PKG...: build packages with the downloaded module itself as the
+# main module (its own go.mod/go.sum). Needed where the proxy serves the version but refuses its version
+# list, which `go install pkg@version` asks for (chart-testing).
+go_build_module() {
+  local src tmp rc=0; src="$(rld::moddir "$1")"; shift
+  local dest="$1" ldflags="$2"; shift 2
+  tmp="$(mktemp -d)"; cp -r "$src/." "$tmp/"; chmod -R u+w "$tmp"; mkdir -p "$dest"
+  (cd "$tmp" && go build -trimpath -ldflags "-s -w $ldflags" -o "$dest/" "$@") || rc=$?
+  rm -rf "$tmp"
+  [ "$rc" -eq 0 ] || rld::die "go build of $* in module $src failed (see the go output above)"
+}
+
 # go_build_in_wrapper WRAPPER_DIR DEST LDFLAGS PKG...: build main packages of a dependency through a wrapper module.
 go_build_in_wrapper() {
   local wrapper="$1" dest="$2" ldflags="$3"; shift 3
@@ -76,7 +88,7 @@ ct_current() {
 }
 ct_build() {
   local m=github.com/helm/chart-testing/v3 d; d="$(ct_dir)"
-  go_install "$d" "-X $m/ct/cmd.Version=$CT_VERSION" "$m/ct@$CT_VERSION"
+  go_build_module "$m@$CT_VERSION" "$d" "-X $m/ct/cmd.Version=$CT_VERSION" ./ct
   mkdir -p "$d/etc"
   cp "$(rld::moddir "$m@$CT_VERSION")/etc/"{chart_schema.yaml,lintconf.yaml} "$d/etc/"
   chmod u+w "$d/etc/"*
@@ -87,7 +99,7 @@ pytools_dir()     { dir_of pytools "yamllint$YAMLLINT_VERSION-yamale$YAMALE_VERS
 pytools_want()    { echo "yamllint=$YAMLLINT_VERSION yamale=$YAMALE_VERSION"; }
 pytools_current() {
   local py; py="$(pytools_dir)/bin/python"; [ -x "$py" ] || return 0
-  "$py" -c 'import importlib.metadata as m; print(f"yamllint={m.version(\"yamllint\")} yamale={m.version(\"yamale\")}")' 2>/dev/null || true
+  "$py" -c 'import importlib.metadata as m; print("yamllint=%s yamale=%s" % (m.version("yamllint"), m.version("yamale")))' 2>/dev/null || true
 }
 pytools_build() {
   local d; d="$(pytools_dir)"
