@@ -1,0 +1,1 @@
+"""Locust load tests for OpenAI-compatible endpoints. See loadtests/README.md."""

@@ -1,0 +1,324 @@
+"""Locust load test for OpenAI-compatible LLM endpoints (chat and completions, streaming).
+
+Each user sends one request after another (closed loop: -u is the concurrency). Besides the HTTP
+entry (`POST chat` / `POST completions`, whose time is the full streamed response and whose
+content size is the output token count), every successful request adds custom entries:
+
+    request_type   value (response-time column)             content-size column
+    TTFT           time to first token, ms                  prompt tokens (usage)
+    ITL            mean inter-token latency, ms             output tokens
+    E2E            end-to-end latency, ms                   output tokens
+    TOKENS_PER_S   output tokens / E2E, tokens/s (not ms)   output tokens
+
+They appear in the web UI, the --csv files and the --html report. Exact percentiles (Locust
+rounds its own) go to --summary-json. SLO options set the exit code; see loadtests/README.md.
+
+    locust -f loadtests/locustfile.py -H http://127.0.0.1:8000 --headless -u 4 -r 4 -t 60s \
+        --profile chat --slo-ttft-p95-ms 500 --slo-error-rate 0.01
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import time
+from typing import Any
+
+import gevent
+from gevent.lock import Semaphore
+from locust import FastHttpUser, constant, events, task
+from locust.env import Environment
+from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
+from locust.stats import RequestStats, StatsEntry
+
+from openai_load import options, prompts, slo
+from openai_load.samples import E2E, ITL, TOKENS_PER_S, TTFT, SampleStore, percentile
+from openai_load.server import Endpoints, ServerProbe, SetupClient
+from openai_load.sse import StreamResult, consume_sse, iter_response_lines
+
+log = logging.getLogger("openai_load")
+
+
+class _Run:
+    """State of this load-generator process for one test run."""
+
+    def __init__(self) -> None:
+        self.lock = Semaphore()
+        self.key: tuple[Any, ...] | None = None
+        self.settings: options.Settings | None = None
+        self.endpoints: Endpoints | None = None
+        self.model: str = ""
+        self.factory: prompts.PromptFactory | None = None
+        self.calibration: prompts.Calibration | None = None
+        self.store = SampleStore()
+        self.issued = 0
+        self.finished = 0
+        self.setup_error: str | None = None
+
+
+RUN = _Run()
+
+
+@events.init_command_line_parser.add_listener
+def _add_options(parser: Any) -> None:
+    options.register(parser)
+
+
+def _prepare(environment: Environment) -> None:
+    """Read options, find the model, calibrate prompts. Once per process and settings."""
+    s = options.Settings.from_options(environment.parsed_options)
+    ep = Endpoints.from_host(environment.host or "")
+    key = (ep, s)
+    with RUN.lock:
+        if RUN.key == key and RUN.factory is not None:
+            return
+        client = SetupClient(ep, s.api_key, timeout_s=min(s.request_timeout_s, 120.0))
+        model = s.model or client.first_model()
+        cal = prompts.calibrate(ServerProbe(client, model, s.api), s.api, s.profile.instruction, s.seed)
+        profile = s.profile
+        if cal.max_model_len and profile.input_tokens + profile.output_tokens > cal.max_model_len:
+            clamped = profile.clamp_to(cal.max_model_len)
+            log.warning("profile %s: %d+%d tokens exceed max_model_len %d; input clamped to %d",
+                        profile.name, profile.input_tokens, profile.output_tokens, cal.max_model_len,
+                        clamped.input_tokens)
+            s = dataclasses.replace(s, profile=clamped)
+        cal.words_for(s.profile.input_tokens)  # fail early if the target is below the overhead
+        RUN.key, RUN.settings, RUN.endpoints, RUN.model = key, s, ep, model
+        RUN.calibration = cal
+        RUN.factory = prompts.PromptFactory(cal, s.api, s.profile.instruction)
+        log.info("model %s, api %s, profile %s (%d prompt -> %d output tokens), prompt calibration %s",
+                 model, s.api, s.profile.name, s.profile.input_tokens, s.profile.output_tokens, cal.describe())
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    RUN.store = SampleStore()
+    RUN.issued = RUN.finished = 0
+    RUN.setup_error = None
+    if isinstance(environment.runner, MasterRunner):
+        # The master runs no users; it only needs the settings for the SLO verdict.
+        RUN.settings = options.Settings.from_options(environment.parsed_options)
+        return
+    try:
+        _prepare(environment)
+    except Exception as e:  # noqa: BLE001 - any setup failure must stop the run with its message
+        RUN.setup_error = f"load-test setup failed: {type(e).__name__}: {e}"
+        log.error(RUN.setup_error)
+        environment.process_exit_code = 2
+        if environment.runner is not None:
+            gevent.spawn_later(0, environment.runner.quit)
+
+
+@events.request.add_listener
+def _on_request(request_type: str, response_time: float, exception: Any, **_: Any) -> None:
+    if request_type in (TTFT, ITL, E2E, TOKENS_PER_S) and exception is None:
+        RUN.store.add(request_type, float(response_time))
+
+
+class OpenAIUser(FastHttpUser):
+    """One closed-loop client: sends a request, waits for the whole stream, repeats."""
+
+    wait_time = constant(0)
+    concurrency = 1  # one request at a time per user
+
+    def __init__(self, environment: Environment) -> None:
+        opts = environment.parsed_options
+        # FastHttpUser builds its client from these class attributes in __init__.
+        self.network_timeout = float(getattr(opts, "request_timeout", 0) or 300.0)
+        self.connection_timeout = min(self.network_timeout, 30.0)
+        super().__init__(environment)
+
+    def on_start(self) -> None:
+        if RUN.setup_error:
+            raise StopUser()
+        s = RUN.settings
+        assert s is not None, "test_start did not run"
+        self.rng = random.Random(f"{s.seed}-{id(self)}-{time.time_ns()}")
+
+    @task
+    def generate(self) -> None:
+        s, factory, ep = RUN.settings, RUN.factory, RUN.endpoints
+        if s is None or factory is None or ep is None or RUN.setup_error:
+            raise StopUser()
+        if s.max_requests and RUN.issued >= s.max_requests:
+            raise StopUser()
+        RUN.issued += 1
+        body: dict[str, Any] = {"model": RUN.model, **factory.make(s.profile.input_tokens, self.rng),
+                                "max_tokens": s.profile.output_tokens, "stream": s.stream}
+        if s.stream:
+            body["stream_options"] = {"include_usage": True}
+        if s.ignore_eos:
+            body["ignore_eos"] = True
+        if s.temperature is not None:
+            body["temperature"] = s.temperature
+        headers = {"Accept-Encoding": "identity"}
+        if s.api_key:
+            headers["Authorization"] = f"Bearer {s.api_key}"
+        try:
+            self._send(s, ep.path(s.api), body, headers)
+        finally:
+            RUN.finished += 1
+            if s.max_requests and RUN.finished >= s.max_requests:
+                self._quit_when_done()
+
+    def _send(self, s: options.Settings, path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+        label = s.api
+        wall0, t0 = time.time(), time.perf_counter()
+        with self.client.request("POST", path, name=label, json=body, headers=headers,
+                                 stream=s.stream, catch_response=True) as resp:
+            problem, result = None, None
+            if getattr(resp, "error", None) is not None or resp.status_code != 200:
+                problem = _http_problem(resp)
+            elif s.stream:
+                raw = getattr(resp, "_response", None)
+                if raw is None:
+                    problem = "response has no body stream"
+                else:
+                    try:
+                        result = consume_sse(iter_response_lines(raw), s.api, t0)
+                        problem = result.problem()
+                    except Exception as e:  # noqa: BLE001 - broken streams are request failures
+                        problem = f"stream broken: {type(e).__name__}: {e}"
+            else:
+                result, problem = _read_json(resp, s.api, t0)
+            e2e_s = result.e2e_s if result is not None else time.perf_counter() - t0
+            resp.request_meta["response_time"] = e2e_s * 1000
+            resp.request_meta["response_length"] = result.output_tokens if result else 0
+            if problem:
+                resp.failure(problem)
+            else:
+                resp.success()
+        ok = problem is None and result is not None
+        RUN.store.request_done(ok, wall0, wall0 + e2e_s, result.output_tokens if result else 0,
+                               result.usage_prompt_tokens if result else None)
+        if ok:
+            assert result is not None
+            self._fire_metrics(label, result)
+
+    def _fire_metrics(self, label: str, r: StreamResult) -> None:
+        fire = self.environment.events.request.fire
+        n = r.output_tokens
+
+        def emit(kind: str, value: float | None, length: int) -> None:
+            if value is not None:
+                fire(request_type=kind, name=label, response_time=value, response_length=length,
+                     exception=None, context={})
+
+        emit(TTFT, r.ttft_s * 1000 if r.ttft_s is not None else None, r.usage_prompt_tokens or 0)
+        emit(ITL, r.itl_s * 1000 if r.itl_s is not None else None, n)
+        emit(E2E, r.e2e_s * 1000, n)
+        emit(TOKENS_PER_S, r.output_tokens_per_s, n)
+
+    def _quit_when_done(self) -> None:
+        runner = self.environment.runner
+        if runner is not None and not isinstance(runner, WorkerRunner):
+            gevent.spawn_later(0, runner.quit)
+
+
+def _http_problem(resp: Any) -> str:
+    err = getattr(resp, "error", None)
+    code = resp.status_code
+    try:
+        text = (resp.text or "")[:300]
+    except Exception:  # noqa: BLE001 - the body is only for the message
+        text = ""
+    if code:
+        return f"HTTP {code}: {text}".strip()
+    return f"connection error: {err}"
+
+
+def _read_json(resp: Any, api: str, t0: float) -> tuple[StreamResult, str | None]:
+    r = StreamResult()
+    try:
+        data = json.loads(resp.content or b"null")
+    except ValueError:
+        r.e2e_s = time.perf_counter() - t0
+        return r, "response is not JSON"
+    r.e2e_s = time.perf_counter() - t0
+    choices = (data or {}).get("choices") or []
+    text = ""
+    if choices:
+        c0 = choices[0]
+        text = (c0.get("message") or {}).get("content") or "" if api == "chat" else c0.get("text") or ""
+        r.finish_reason = c0.get("finish_reason")
+    usage = (data or {}).get("usage") or {}
+    r.usage_completion_tokens = usage.get("completion_tokens")
+    r.usage_prompt_tokens = usage.get("prompt_tokens")
+    r.text_chunks = 1 if text else 0
+    r.done = True
+    return r, None if text or r.output_tokens else "response carried no generated text"
+
+
+# ---------------------------------------------------------------------------------------------
+# End of run: summary, SLO verdict, exit code
+
+
+def _merged(stats: RequestStats, request_type: str, names: set[str] | None = None) -> StatsEntry:
+    merged = StatsEntry(stats, f"all {request_type}", request_type, use_response_times_cache=False)
+    for (name, method), entry in stats.entries.items():
+        if method == request_type and (names is None or name in names):
+            merged.extend(entry)
+    return merged
+
+
+def _observed(environment: Environment) -> slo.Observed:
+    """Exact values from this process, or Locust's (rounded) aggregate on a distributed master."""
+    if not isinstance(environment.runner, MasterRunner):
+        st = RUN.store
+        return slo.Observed(
+            requests=st.requests, error_rate=st.error_rate,
+            ttft_p95_ms=percentile(st.values[TTFT], 95), itl_p95_ms=percentile(st.values[ITL], 95),
+            e2e_p95_ms=percentile(st.values[E2E], 95),
+        )
+    stats = environment.stats
+    post = _merged(stats, "POST", {"chat", "completions"})
+
+    def p95(kind: str) -> float:
+        e = _merged(stats, kind)
+        return e.get_response_time_percentile(0.95) if e.num_requests else math.nan
+
+    return slo.Observed(
+        requests=post.num_requests,
+        error_rate=post.num_failures / post.num_requests if post.num_requests else math.nan,
+        ttft_p95_ms=p95(TTFT), itl_p95_ms=p95(ITL), e2e_p95_ms=p95(E2E),
+    )
+
+
+@events.quitting.add_listener
+def _on_quitting(environment: Environment, **_: Any) -> None:
+    if isinstance(environment.runner, WorkerRunner):
+        return
+    s = RUN.settings
+    if s is None:
+        return  # setup failed (exit code already 2) or the test never started
+    summary: dict[str, Any] = {
+        "host": environment.host,
+        "model": RUN.model,
+        "api": s.api,
+        "profile": s.profile.__dict__,
+        "stream": s.stream,
+        "calibration": RUN.calibration.describe() if RUN.calibration else None,
+    }
+    if not isinstance(environment.runner, MasterRunner):
+        summary.update(RUN.store.summary())
+        m = summary["metrics"]
+        log.info(
+            "summary: %d ok, %d failed, %.2f req/s, %.1f output tokens/s; TTFT p50/p95 %.1f/%.1f ms, "
+            "ITL p50/p95 %.2f/%.2f ms, E2E p50 %.1f ms",
+            summary["ok"], summary["failed"], summary["requests_per_s"], summary["output_tokens_per_s"],
+            m[TTFT]["p50"], m[TTFT]["p95"], m[ITL]["p50"], m[ITL]["p95"], m[E2E]["p50"])
+    th = s.thresholds
+    if th.enabled:
+        obs = _observed(environment)
+        checks = slo.evaluate(th, obs)
+        environment.process_exit_code = slo.exit_code(checks)
+        summary["slo"] = slo.as_dicts(checks)
+        summary["slo_passed"] = environment.process_exit_code == slo.EXIT_PASS
+        log.info("%s", slo.report(checks))
+    if s.summary_json:
+        with open(s.summary_json, "w") as f:
+            json.dump(summary, f, indent=2, default=str)
