@@ -133,11 +133,8 @@ class OpenAIUser(FastHttpUser):
         super().__init__(environment)
 
     def on_start(self) -> None:
-        if RUN.setup_error:
-            raise StopUser()
-        s = RUN.settings
-        assert s is not None, "test_start did not run"
-        self.rng = random.Random(f"{s.seed}-{id(self)}-{time.time_ns()}")
+        seed = RUN.settings.seed if RUN.settings else 0
+        self.rng = random.Random(f"{seed}-{id(self)}-{time.time_ns()}")
 
     @task
     def generate(self) -> None:
@@ -194,7 +191,8 @@ class OpenAIUser(FastHttpUser):
                 resp.success()
         ok = problem is None and result is not None
         RUN.store.request_done(ok, wall0, wall0 + e2e_s, result.output_tokens if result else 0,
-                               result.usage_prompt_tokens if result else None)
+                               result.usage_prompt_tokens if result else None,
+                               result.text_chunks if result and s.stream else 0)
         if ok:
             assert result is not None
             self._fire_metrics(label, result)

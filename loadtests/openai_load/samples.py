@@ -55,6 +55,7 @@ class SampleStore:
     failed: int = 0
     output_tokens: int = 0
     prompt_tokens: list[int] = field(default_factory=list)
+    tokens_per_chunk: list[float] = field(default_factory=list)
     first_start: float | None = None
     last_end: float | None = None
 
@@ -62,12 +63,14 @@ class SampleStore:
         self.values.setdefault(metric, []).append(value)
 
     def request_done(self, ok: bool, start_wall: float, end_wall: float, output_tokens: int = 0,
-                     prompt_tokens: int | None = None) -> None:
+                     prompt_tokens: int | None = None, text_chunks: int = 0) -> None:
         if ok:
             self.ok += 1
             self.output_tokens += output_tokens
             if prompt_tokens is not None:
                 self.prompt_tokens.append(prompt_tokens)
+            if text_chunks:
+                self.tokens_per_chunk.append(output_tokens / text_chunks)
         else:
             self.failed += 1
         self.first_start = start_wall if self.first_start is None else min(self.first_start, start_wall)
@@ -99,5 +102,7 @@ class SampleStore:
             "output_tokens": self.output_tokens,
             "output_tokens_per_s": self.output_tokens / d if d else math.nan,
             "prompt_tokens": describe([float(p) for p in self.prompt_tokens]),
+            # > 1 means the server (or a proxy) sent several tokens per stream chunk
+            "tokens_per_chunk": describe(self.tokens_per_chunk),
             "metrics": {m: {"unit": UNITS.get(m, ""), **describe(v)} for m, v in self.values.items()},
         }

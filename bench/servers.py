@@ -1,0 +1,147 @@
+"""The three ways the bench serves the tiny model, each started and stopped as a child process.
+
+- `vllm`: vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), with the
+  engine arguments and environment of our app's decode engine (serve_app.local.serve_config), so
+  the only difference from `aggregated` is the Ray Serve request path.
+- `aggregated` / `disaggregated`: our serve app on a local Ray cluster, started by
+  `python -m bench.app_server`, which drives the colleague's `serve_app.local.stack.LocalStack`
+  with a port plan of its own (it must not collide with a demo or test cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODES = ("vllm", "aggregated", "disaggregated")
+HOST = "127.0.0.1"
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class ServerProcess:
+    """A server child process in its own session (so the whole tree can be signalled)."""
+
+    mode: str
+    cmd: list[str]
+    env: dict[str, str]
+    log_path: Path
+    base_url: str  # http://127.0.0.1:PORT/v1
+    proc: Optional[subprocess.Popen[bytes]] = None
+    started_s: float = 0.0
+    ready_s: float = 0.0
+    _log: Optional[IO[bytes]] = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self.started_s = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=REPO_ROOT, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Poll GET /v1/models until 200; returns seconds since start. Raises with the log tail."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"{self.mode} server exited with {self.proc.returncode} before it was "
+                                       f"ready; log {self.log_path}:\n{self.log_tail()}")
+            if _http_ok(self.base_url + "/models"):
+                self.ready_s = time.monotonic() - self.started_s
+                return self.ready_s
+            time.sleep(1.0)
+        raise ServerStartError(f"{self.mode} server not ready after {timeout_s:.0f} s; log {self.log_path}:\n"
+                               f"{self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 60.0) -> None:
+        """SIGTERM the child (the app launcher stops its Ray cluster on SIGTERM), then SIGKILL its
+        process group if anything is left after `grace_s`."""
+        p = self.proc
+        if p is None:
+            return
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # leftovers of our own session only
+        except (ProcessLookupError, PermissionError):
+            pass
+        if p.poll() is None:
+            p.wait(timeout=10)
+        if self._log:
+            self._log.close()
+        self.proc = None
+
+
+def _serve_config_module():  # type: ignore[no-untyped-def]
+    try:
+        from serve_app.local import serve_config
+    except ImportError as e:  # pragma: no cover - only when the launcher is missing
+        raise ServerStartError(f"serve_app.local (the local launcher) is not importable: {e}") from e
+    return serve_config
+
+
+def vllm_server(port: int, model_path: str, log_path: Path) -> ServerProcess:
+    """vLLM's OpenAI server with the same engine settings as the app's decode engine."""
+    sc = _serve_config_module()
+    ea = sc.CPU_ENGINE_ARGS
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+           "--served-model-name", sc.MODEL_ID, "--host", HOST, "--port", str(port),
+           "--max-model-len", str(ea["max_model_len"]), "--dtype", str(ea["dtype"])]
+    if ea.get("enforce_eager"):
+        cmd.append("--enforce-eager")
+    env = dict(os.environ)
+    env.update({k: v for k, v in sc.CPU_LOOPBACK_ENV.items()})
+    env.update({"VLLM_CPU_OMP_THREADS_BIND": sc.CORE_OF_ROLE["decode"], "TRANSFORMERS_OFFLINE": "1"})
+    return ServerProcess("vllm", cmd, env, log_path, f"http://{HOST}:{port}/v1")
+
+
+def app_server(mode: str, port: int, log_path: Path) -> ServerProcess:
+    cmd = [sys.executable, "-m", "bench.app_server", "--mode", mode, "--port", str(port)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return ServerProcess(mode, cmd, env, log_path, f"http://{HOST}:{port}/v1")
+
+
+def tiny_model_path() -> str:
+    try:
+        from serve_app.local.tiny_model import ensure_tiny_model
+    except ImportError as e:
+        raise ServerStartError(f"serve_app.local.tiny_model is not importable: {e}") from e
+    return str(ensure_tiny_model())
