@@ -171,6 +171,13 @@ app.kubernetes.io/part-of: ray-llm-disagg
 {{- end -}}
 {{- end -}}
 
+{{- /* Serve options the chart owns */ -}}
+{{- range $k := list "host" "port" -}}
+{{- if hasKey (default dict $V.serve.httpOptions) $k -}}
+{{- $errs = append $errs (printf "serve.httpOptions.%s: set by the chart (host 0.0.0.0, port from serve.port); remove it." $k) -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* KV transfer backend */ -}}
 {{- if and (eq (include "ray-llm-disagg.kvBackend" .) "LIBFABRIC") (not $V.efa.enabled) -}}
 {{- $errs = append $errs "kvTransfer.backend: LIBFABRIC runs NIXL over EFA and needs efa.enabled: true; without EFA use UCX (or leave backend empty)." -}}
@@ -216,6 +223,18 @@ app.kubernetes.io/part-of: ray-llm-disagg
 {{- range $k := keys (default dict $v.engineArgs) | sortAlpha -}}
 {{- if hasKey $reserved $k -}}
 {{- $errs = append $errs (printf "%s.engineArgs.%s: set by the chart; set %s instead." $role $k (replace "<role>" $role (index $reserved $k))) -}}
+{{- else if not (regexMatch "^[a-z][a-z0-9_]*$" $k) -}}
+{{- $errs = append $errs (printf "%s.engineArgs.%s: vLLM engine arguments are snake_case (e.g. max_model_len), as in vLLM's AsyncEngineArgs." $role $k) -}}
+{{- end -}}
+{{- end -}}
+{{- range $k := keys (default dict $v.env) | sortAlpha -}}
+{{- if not (regexMatch "^[A-Za-z_][A-Za-z0-9_]*$" $k) -}}
+{{- $errs = append $errs (printf "%s.env.%s: not a valid environment variable name." $role $k) -}}
+{{- end -}}
+{{- end -}}
+{{- range $k := keys (default dict $v.rayLabels) | sortAlpha -}}
+{{- if not (regexMatch "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" $k) -}}
+{{- $errs = append $errs (printf "%s.rayLabels.%s: not a valid Kubernetes label key (KubeRay would reject the group)." $role $k) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -332,7 +351,7 @@ app.kubernetes.io/part-of: ray-llm-disagg
 {{- $_ := set $aff "podAntiAffinity" $paa -}}
 {{- end -}}
 {{- if $V.scheduling.sameZone.enabled -}}
-{{- $expr := list (dict "key" $V.placement.roleLabelKey "operator" "In" "values" (list "prefill" "decode")) -}}
+{{- $expr := list (dict "key" $V.placement.roleLabelKey "operator" "Exists") -}}
 {{- $term := dict "weight" (int $V.scheduling.sameZone.weight) "podAffinityTerm" (dict "topologyKey" $V.scheduling.sameZone.topologyKey "labelSelector" (dict "matchLabels" (deepCopy $release) "matchExpressions" $expr)) -}}
 {{- $pa := default dict (get $aff "podAffinity") -}}
 {{- $_ := set $pa "preferredDuringSchedulingIgnoredDuringExecution" (append (default list (get $pa "preferredDuringSchedulingIgnoredDuringExecution")) $term) -}}

@@ -1,0 +1,1 @@
+"""Helm chart tests (charts/ray-llm-disagg): a package so its module names never clash with other suites."""

@@ -1,0 +1,256 @@
+"""Render every example and a matrix of overrides; check the objects field by field, validate them
+offline against the KubeRay v1.5.0 CRD and Kubernetes schemas (kubeconform -strict), and validate
+the serve args with the app's own pydantic models (serve_app.config.AppConfig)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import EXAMPLES, container, env_of, kubeconform, render
+from .expect import check_all, check_serve_config, hosts, roles_of
+
+P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+GPU8 = {"gpusPerHost": 8}
+
+# id -> values layer on top of the chart defaults. Every case must render and pass every check.
+MATRIX: dict[str, dict] = {
+    "defaults": {},
+    "aggregated": {"mode": "aggregated"},
+    "aggregated-decode-tp8-pp2-two-hosts": {
+        "mode": "aggregated", "decode": {"tensorParallelSize": 8, "pipelineParallelSize": 2, **GPU8}},
+    "push-prefill-tp8-pp2-two-hosts": {
+        "kvTransfer": {"connector": "NixlPushConnector"},
+        "prefill": {"tensorParallelSize": 8, "pipelineParallelSize": 2, **GPU8},
+        "decode": {"tensorParallelSize": 8, **GPU8}},
+    "push-prefill-tp2-pp4-on-4gpu-hosts": {
+        "kvTransfer": {"connector": "NixlPushConnector"},
+        "prefill": {"tensorParallelSize": 2, "pipelineParallelSize": 4, "gpusPerHost": 4},
+        "decode": {"tensorParallelSize": 2, "gpusPerHost": 2}},
+    "push-custom-ports": {
+        "kvTransfer": {"connector": "NixlPushConnector"},
+        "prefill": {"sideChannelPort": 31000}, "decode": {"sideChannelPort": 32000}},
+    "pull-tp4-on-4gpu-hosts": {
+        "prefill": {"tensorParallelSize": 4, "gpusPerHost": 4},
+        "decode": {"tensorParallelSize": 4, "gpusPerHost": 4}},
+    "decode-tp16-over-two-hosts": {
+        "prefill": {"tensorParallelSize": 8, **GPU8}, "decode": {"tensorParallelSize": 16, **GPU8}},
+    "allow-prefill-tp-above-decode": {
+        "kvTransfer": {"allowPrefillTPGreaterThanDecode": True},
+        "prefill": {"tensorParallelSize": 4, "gpusPerHost": 4}, "decode": {"tensorParallelSize": 2, "gpusPerHost": 2}},
+    "efa-on-p5": {
+        "efa": {"enabled": True},
+        "prefill": {"tensorParallelSize": 8, **GPU8, "nodeSelector": P5},
+        "decode": {"tensorParallelSize": 8, **GPU8, "nodeSelector": P5}},
+    "efa-without-hugepages": {"efa": {"enabled": True, "hugepages2Mi": "", "devicesPerHost": 4}},
+    "efa-privileged-ucx": {"efa": {"enabled": True, "privileged": True}, "kvTransfer": {"backend": "UCX"}},
+    "efa-custom-env": {"efa": {"enabled": True, "env": {"FI_EFA_USE_HUGE_PAGE": "0", "NCCL_DEBUG": "INFO"}}},
+    "efa-off-no-ipc-lock": {"ipcLock": False},
+    "autoscaling-prefill": {"prefill": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3},
+                                        "idleTimeoutSeconds": 300}},
+    "autoscaling-both-scale-to-zero": {
+        "prefill": {"autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2, "targetOngoingRequests": 4}},
+        "decode": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 8}},
+        "autoscaler": {"idleTimeoutSeconds": 120}},
+    "aggregated-autoscaling": {"mode": "aggregated", "decode": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 4}}},
+    "fixed-replicas": {"prefill": {"replicas": 3}, "decode": {"replicas": 2}},
+    "ingress-alb": {"ingress": {"enabled": True, "host": "llm.example.com",
+                                "tls": [{"hosts": ["llm.example.com"], "secretName": "llm-tls"}]}},
+    "ingress-no-class": {"ingress": {"enabled": True, "className": "", "annotations": None, "path": "/v1"}},
+    "cpu": {"accelerator": "cpu", "ipcLock": False},
+    "cpu-aggregated": {"mode": "aggregated", "accelerator": "cpu"},
+    "hf-token-and-tokenizer": {"model": {"hfTokenSecret": {"name": "hf", "key": "hf_token"},
+                                         "tokenizerSource": "s3://bucket/tokenizer"}},
+    "s3-model-with-irsa": {"model": {"id": "llama", "source": "s3://models/llama-3-8b"},
+                           "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}}},
+    "custom-role-label-key": {"placement": {"roleLabelKey": "example.com/pd-role", "ingressLabel": {"pool": "cpu"},
+                                            "pinRoles": False}},
+    "no-scheduling-preferences": {"scheduling": {"roleAntiAffinity": {"enabled": False}, "sameZone": {"enabled": False}}},
+    "user-affinity-merged": {"prefill": {"affinity": {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]}]}},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                               "labelSelector": {"matchLabels": {"app": "other"}}}}]}}}},
+    "existing-service-account": {"serviceAccount": {"create": False, "name": "llm-sa"}},
+    "tests-disabled": {"tests": {"enabled": False}},
+    "fullname-override": {"fullnameOverride": "my-llm"},
+    "upgrade-none-timeouts-annotations": {"upgradeStrategy": {"type": "None"}, "rayClusterDeletionDelaySeconds": 30,
+                                          "initializingTimeout": "90m", "annotations": {"team": "ml"}},
+    "image-digest": {"image": {"digest": "sha256:" + "a" * 64}},
+    "image-tag": {"image": {"tag": "dev-123"}},
+    "selective-disagg-and-serve-options": {"remotePrefillMinTokens": 256, "serveIngress": {"replicas": 2, "numCpus": 0.5},
+                                           "serve": {"httpOptions": {"request_timeout_s": 600}}},
+    "extras": {"env": [{"name": "RAY_SERVE_LOG_LEVEL", "value": "DEBUG"}],
+               "head": {"rayStartParams": {"metrics-export-port": "8080"}, "nodeSelector": {"pool": "cpu"},
+                        "extraEnv": [{"name": "HEAD_ONLY", "value": "1"}]},
+               "prefill": {"extraEnv": [{"name": "NIXL_LOG_LEVEL", "value": "DEBUG"}],
+                           "env": {"VLLM_LOGGING_LEVEL": "DEBUG"},
+                           "engineArgs": {"max_model_len": 4096, "enable_prefix_caching": True},
+                           "rayLabels": {"example.com/pool": "p5"},
+                           "rayStartParams": {"num-cpus": "16"},
+                           "extraVolumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "fsx"}}],
+                           "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+                           "podAnnotations": {"a": "b"}, "podLabels": {"team": "ml"}, "priorityClassName": "high"}},
+    "accelerator-type": {"acceleratorType": "H100"},
+    "service-nlb": {"service": {"type": "LoadBalancer", "annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}}},
+    "capabilities-never": {"capabilitiesCheck": "never"},
+}
+
+
+def _id(p) -> str:
+    return p.stem
+
+
+# ------------------------------------------------------------------------------------------------
+# Examples
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=_id)
+def test_example_structure(example):
+    check_all(render([example]))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=_id)
+def test_example_validates_against_kuberay_and_k8s_schemas(example):
+    _kubeconform_ok(render([example]))
+
+
+def test_the_three_examples_exist():
+    assert {p.name for p in EXAMPLES} >= {"p5-llama3-70b.yaml", "p5en-deepseek-v3.yaml", "cpu-tiny.yaml"}
+
+
+def test_p5_llama3_70b_is_the_classic_case():
+    r = render([e for e in EXAMPLES if e.name == "p5-llama3-70b.yaml"])
+    pre, dec = r.groups["prefill"], r.groups["decode"]
+    # prefill TP 8 x PP 2 over two 8-GPU hosts per replica; decode TP 8 on one host
+    assert pre["numOfHosts"] == 2 and dec["numOfHosts"] == 1
+    for g in (pre, dec):
+        res = container(g["template"])["resources"]["limits"]
+        assert res["nvidia.com/gpu"] == "8"
+        assert res["vpc.amazonaws.com/efa"] == "32"
+        assert res["hugepages-2Mi"] == "5120Mi"
+        assert g["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in g["template"]["spec"]["tolerations"]
+        assert env_of(container(g["template"]))["FI_PROVIDER"]["value"] == "efa"
+    # pools by the labels the simulated cluster (and Karpenter) set
+    assert pre["template"]["spec"]["nodeSelector"]["karpenter.sh/nodepool"] == "prefill"
+    assert dec["template"]["spec"]["nodeSelector"]["karpenter.sh/nodepool"] == "decode"
+    assert r.head["template"]["spec"]["nodeSelector"] == {"karpenter.sh/nodepool": "cpu"}
+    args = r.args
+    assert args["kv_transfer"] == {"connector": "NixlPushConnector", "backend": "LIBFABRIC", "buffer_device": "cuda"}
+    assert (args["prefill"]["tensor_parallel_size"], args["prefill"]["pipeline_parallel_size"]) == (8, 2)
+    assert (args["decode"]["tensor_parallel_size"], args["decode"]["pipeline_parallel_size"]) == (8, 1)
+    # push connector: explicit, distinct side-channel ports per role (Ray 2.58 leaves them unset)
+    assert (args["prefill"]["side_channel_port"], args["decode"]["side_channel_port"]) == (20000, 22000)
+    assert args["model"]["id"] == "meta-llama/Meta-Llama-3-70B-Instruct"
+
+
+def test_p5en_deepseek_autoscales_with_pull_connector():
+    r = render([e for e in EXAMPLES if e.name == "p5en-deepseek-v3.yaml"])
+    assert r.cluster["enableInTreeAutoscaling"] is True
+    for role in ("prefill", "decode"):
+        g = r.groups[role]
+        assert g["numOfHosts"] == 1
+        assert g["minReplicas"] < g["maxReplicas"]
+        assert container(g["template"])["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
+        assert "side_channel_port" not in r.args[role]
+    assert r.args["kv_transfer"]["connector"] == "NixlConnector"
+    assert r.args["accelerator_type"] == "H200"
+
+
+def test_cpu_tiny_has_no_gpus_and_no_efa():
+    r = render([e for e in EXAMPLES if e.name == "cpu-tiny.yaml"])
+    text = r.stdout
+    for needle in ("nvidia.com/gpu", "vpc.amazonaws.com/efa", "hugepages-2Mi", "FI_PROVIDER", "IPC_LOCK"):
+        assert needle not in text, needle
+    assert r.args["accelerator"] == "cpu"
+    assert r.args["kv_transfer"] == {"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cpu"}
+    for g in r.groups.values():
+        assert not g["template"]["spec"].get("tolerations")
+        limits = container(g["template"])["resources"]["limits"]
+        assert set(limits) == {"cpu", "memory"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Matrix
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", list(MATRIX), ids=str)
+def test_matrix_structure(case):
+    check_all(render(values=MATRIX[case]))
+
+
+@pytest.mark.parametrize("case", list(MATRIX), ids=str)
+def test_matrix_validates_against_kuberay_and_k8s_schemas(case):
+    _kubeconform_ok(render(values=MATRIX[case]))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=_id)
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_examples_in_both_modes_give_valid_app_args(example, mode):
+    """Same examples, other mode: the args still satisfy serve_app's AppConfig."""
+    cfg = check_serve_config(render([example], {"mode": mode}))
+    assert list(cfg.roles()) == (["decode"] if mode == "aggregated" else ["prefill", "decode"])
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "gpus", "expected"),
+    [(1, 1, 1, 1), (8, 1, 8, 1), (8, 2, 8, 2), (16, 1, 8, 2), (4, 4, 8, 2), (2, 4, 4, 2), (8, 4, 8, 4), (4, 1, 2, 2)],
+)
+def test_num_of_hosts_is_tp_times_pp_over_gpus_per_host(tp, pp, gpus, expected):
+    r = render(values={"mode": "aggregated", "decode": {"tensorParallelSize": tp, "pipelineParallelSize": pp, "gpusPerHost": gpus}})
+    assert r.groups["decode"]["numOfHosts"] == expected == hosts(r.values, "decode")
+    assert container(r.groups["decode"]["template"])["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
+
+
+def test_one_template_renders_both_roles():
+    """Give both roles identical values: the groups must then differ only in what names the role."""
+    same = {"tensorParallelSize": 8, "gpusPerHost": 8, "nodeSelector": {"pool": "gpu"}, "engineArgs": {"max_model_len": 1024},
+            "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}}
+    r = render(values={"prefill": same, "decode": same, "efa": {"enabled": True}})
+    pre = json.dumps(r.groups["prefill"], sort_keys=True)
+    dec = json.dumps(r.groups["decode"], sort_keys=True)
+    # swap the role names in the decode group: the result must be the prefill group
+    dec_as_pre = dec.replace("prefill", "\0").replace("decode", "prefill").replace("\0", "decode")
+    assert pre == dec_as_pre, "prefill and decode groups differ beyond their role names"
+
+
+def test_aggregated_renders_only_decode():
+    r = render(values={"mode": "aggregated"})
+    assert list(r.groups) == ["decode"]
+    assert "prefill" not in r.args and "kv_transfer" not in r.args
+    assert roles_of(r.values) == ["decode"]
+
+
+def test_helm_values_types_are_preserved_in_serve_args():
+    """Integers stay integers and floats floats through helm's float64 values (vLLM is strict)."""
+    r = render(values={"prefill": {"engineArgs": {"max_model_len": 131072, "gpu_memory_utilization": 0.92,
+                                                  "max_num_batched_tokens": 1000000000, "enforce_eager": True,
+                                                  "override_generation_config": {"temperature": 0.6}}}})
+    ea = r.args["prefill"]["engine_args"]
+    assert ea["max_model_len"] == 131072 and isinstance(ea["max_model_len"], int)
+    assert ea["max_num_batched_tokens"] == 10**9 and isinstance(ea["max_num_batched_tokens"], int)
+    assert ea["gpu_memory_utilization"] == 0.92
+    assert ea["enforce_eager"] is True
+    assert ea["override_generation_config"] == {"temperature": 0.6}
+
+
+def test_release_name_feeds_every_name():
+    r = render(values={}, release="chat")
+    name = "chat-ray-llm-disagg"
+    assert r.rayservice["metadata"]["name"] == name
+    assert r.one("ServiceAccount")["metadata"]["name"] == name
+    r2 = render(values={}, release="ray-llm-disagg-prod")
+    assert r2.rayservice["metadata"]["name"] == "ray-llm-disagg-prod"
+
+
+def _kubeconform_ok(r) -> None:
+    proc = kubeconform(r.stdout)
+    assert proc.returncode == 0, f"kubeconform failed:\n{proc.stdout}\n{proc.stderr}"
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["invalid"] == 0 and summary["errors"] == 0 and summary["skipped"] == 0, summary
+    kinds = {d["kind"] for d in r.docs}
+    assert summary["valid"] == len(r.docs), (summary, kinds)
+    assert "RayService" in kinds
