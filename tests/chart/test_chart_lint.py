@@ -1,0 +1,55 @@
+"""helm lint --strict on every example and ct variant; ct lint with the repository's ct.yaml."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import BIN, CHART, CI_VALUES, EXAMPLES, KUBE_VERSION, REPO, tool
+
+
+@pytest.mark.parametrize("values", EXAMPLES + CI_VALUES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_helm_lint_strict(values: Path):
+    proc = subprocess.run([tool("helm"), "lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), "-f", str(values)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_helm_lint_strict_rejects_schema_violations():
+    """lint (hence ct lint) enforces values.schema.json."""
+    proc = subprocess.run([tool("helm"), "lint", "--strict", str(CHART), "--set", "decode.tensorParallelSize=0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "/decode/tensorParallelSize" in proc.stdout + proc.stderr
+
+
+def test_helm_lint_reports_template_checks():
+    """Helm's lint mode turns `fail` into an [INFO] line (so charts with required values lint): the
+    template checks are visible in lint output but only `helm template/install` fails on them, which
+    is what test_chart_invalid.py asserts."""
+    proc = subprocess.run([tool("helm"), "lint", "--strict", str(CHART), "--set", "decode.pipelineParallelSize=2"],
+                          capture_output=True, text=True, timeout=120)
+    assert "decode.pipelineParallelSize" in proc.stdout + proc.stderr
+
+
+def test_ct_lint(tools_on_path):
+    """chart-testing lint (yamllint, yamale Chart.yaml schema, helm lint per ci/ variant), offline."""
+    ct = Path(tool("ct"))
+    etc = ct.resolve().parent / "etc"  # hack/toolchain.sh copies ct's lintconf.yaml and chart_schema.yaml here
+    assert (etc / "lintconf.yaml").is_file() and (etc / "chart_schema.yaml").is_file(), etc
+    git = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=REPO, capture_output=True, text=True)
+    assert git.stdout.strip() == "true", "ct must run inside a git work tree"
+    proc = subprocess.run(
+        [str(ct), "lint", "--config", str(REPO / "ct.yaml"),
+         "--lint-conf", str(etc / "lintconf.yaml"), "--chart-yaml-schema", str(etc / "chart_schema.yaml")],
+        cwd=REPO, env=tools_on_path, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "All charts linted successfully" in out
+    for ci in CI_VALUES:  # every ci/ variant was linted
+        assert ci.name in out, f"{ci.name} not linted:\n{out}"
+    assert str(BIN) in tools_on_path["PATH"]
