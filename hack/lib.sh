@@ -42,3 +42,6 @@ rld::wait_for() {
     sleep 0.5
   done
 }
+
+# usage: print the calling script's header comment (line 2 up to the first non-comment line).
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }

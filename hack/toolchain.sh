@@ -204,7 +204,7 @@ gen_k8s_wrapper() {
     done
     echo ")"
   } > go.mod
-  go get -tool "${K8S_BINARIES[@]/#/k8s.io/kubernetes/cmd/}"
+  go get -tool $(printf "k8s.io/kubernetes/cmd/%s@$K8S_VERSION " "${K8S_BINARIES[@]}")
 }
 
 # ensure_wrapper DIR "MODULE VERSION" GENERATOR: (re)generate DIR/go.mod with GENERATOR unless it already requires that version.
@@ -270,7 +270,7 @@ main() {
     --only) only="${2:?--only needs a comma-separated list: $(IFS=,; echo "${TOOLS[*]}")}" ;;
     --only=*) only="${1#--only=}" ;;
     "") ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; return ;;
+    -h|--help) usage; return ;;
     *) rld::die "unknown argument '$1'. Usage: hack/toolchain.sh [--only a,b] | env | list" ;;
   esac
   command -v go >/dev/null || rld::die "go not found on PATH: install Go >= 1.24 first"
