@@ -114,6 +114,19 @@ class IngressSpec(StrictModel):
     max_ongoing_requests: int = Field(default=1000, ge=1)
 
 
+class TimeoutSpec(StrictModel):
+    """Bounds on how long a client waits on the engines: a dead or wedged engine answers 503, never hangs."""
+
+    first_token_s: float = Field(
+        default=300,
+        gt=0,
+        description="Longest wait from request to the first response chunk (queueing + prefill + KV hand-off).",
+    )
+    between_tokens_s: float = Field(
+        default=60, gt=0, description="Longest silence between two chunks of a streamed response."
+    )
+
+
 class AppConfig(StrictModel):
     """The whole serve app: one model, served aggregated or disaggregated."""
 
@@ -126,6 +139,14 @@ class AppConfig(StrictModel):
     kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     ingress: IngressSpec = Field(default_factory=IngressSpec)
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Env vars for every engine role; a role's own `env` wins."
+    )
+    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    engine_metrics: bool = Field(
+        default=True,
+        description="Export vLLM's engine metrics (vllm:*) through Ray's metrics agent (LLMConfig.log_engine_metrics).",
+    )
     remote_prefill_min_tokens: int = Field(
         default=0,
         ge=0,
@@ -135,6 +156,18 @@ class AppConfig(StrictModel):
     allow_prefill_tp_greater_than_decode: bool = Field(
         default=False, description="NIXL cannot split a prefill TP group across fewer decode ranks."
     )
+
+    @model_validator(mode="after")
+    def _check_accelerator(self) -> "AppConfig":
+        if self.accelerator == "cpu":
+            if self.accelerator_type is not None:
+                raise ValueError(
+                    f"accelerator_type ({self.accelerator_type}): only valid with accelerator gpu; "
+                    "remove it for CPU engines"
+                )
+            if self.mode == "disaggregated" and self.kv_transfer.buffer_device != "cpu":
+                raise ValueError("kv_transfer.buffer_device: must be cpu when accelerator is cpu")
+        return self
 
     @model_validator(mode="after")
     def _check_topology(self) -> "AppConfig":

@@ -1,0 +1,94 @@
+"""serveConfigV2 entry point: `import_path: serve_app.builder:build_app`, `args:` = AppConfig.
+
+Builds the same graph as Ray Serve LLM's builders, with our server classes:
+  disaggregated: ingress -> Decode:<model> (SelectiveDecodeServer) -> Prefill:<model> (MeteredPrefillServer)
+  aggregated:    ingress -> <model> (MeteredServer)
+Ray's `build_pd_openai_app` hard-codes PDDecodeServer, so the P/D graph is composed here from Ray's
+own pieces (PDServingArgs validation, build_llm_deployment, the OpenAI ingress factory).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+from ray import serve
+from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
+from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
+from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+from ray.serve.deployment import Application
+from ray.serve.llm import LLMConfig
+
+from serve_app.config import AppConfig
+from serve_app.ingress import ENDPOINTS, BoundedOpenAiIngress, make_app
+from serve_app.llm_configs import ingress_deployment_config, role_llm_config
+from serve_app.servers import MeteredPrefillServer, MeteredServer, SelectiveDecodeServer
+
+
+class AppConfigError(ValueError):
+    """The serve config's `args` do not describe a valid app."""
+
+
+def parse_app_config(args: Mapping[str, Any] | AppConfig) -> AppConfig:
+    if isinstance(args, AppConfig):
+        return args
+    try:
+        return AppConfig.model_validate(dict(args))
+    except ValidationError as exc:
+        raise AppConfigError(
+            f"serve_app.builder:build_app: invalid args (serveConfigV2 applications[].args / chart "
+            f"values):\n{exc}"
+        ) from exc
+
+
+def llm_configs(app: AppConfig) -> dict[str, LLMConfig]:
+    """One validated Ray LLMConfig per engine role of the app."""
+    return {role: LLMConfig.model_validate(role_llm_config(app, role)) for role in app.roles()}
+
+
+def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
+    app = parse_app_config(args)
+    configs = llm_configs(app)
+    for role, config in configs.items():
+        if config.engine_kwargs.get("data_parallel_size", 1) > 1:
+            raise AppConfigError(
+                f"{role}.engine_args.data_parallel_size > 1 is not supported by serve_app yet; "
+                f"scale with {role}.replicas instead"
+            )
+
+    if app.mode == "disaggregated":
+        pd = PDServingArgs.model_validate(
+            {"prefill_config": configs["prefill"], "decode_config": configs["decode"]}
+        )
+        prefill = build_llm_deployment(
+            pd.prefill_config, name_prefix="Prefill:", deployment_cls=MeteredPrefillServer
+        )
+        served_config = pd.decode_config
+        served = build_llm_deployment(
+            served_config,
+            name_prefix="Decode:",
+            deployment_cls=SelectiveDecodeServer,
+            bind_kwargs={"prefill_server": prefill, "remote_prefill_min_tokens": app.remote_prefill_min_tokens},
+        )
+    else:
+        served_config = configs["decode"]
+        served = build_llm_deployment(served_config, deployment_cls=MeteredServer)
+    return _bind_ingress(app, served_config, served)
+
+
+def _bind_ingress(app: AppConfig, served_config: LLMConfig, served: Application) -> Application:
+    options = maybe_apply_llm_deployment_config_defaults(
+        BoundedOpenAiIngress.get_deployment_options([served_config]), ingress_deployment_config(app)
+    )
+    model_id = served_config.model_id
+    return serve.deployment(
+        make_fastapi_ingress(BoundedOpenAiIngress, endpoint_map=ENDPOINTS, app=make_app()), **options
+    ).bind(
+        llm_deployments={model_id: served},
+        model_cards={model_id: to_model_metadata(model_id, served_config)},
+        lora_paths={},
+        first_token_timeout_s=app.timeouts.first_token_s,
+        between_tokens_timeout_s=app.timeouts.between_tokens_s,
+    )

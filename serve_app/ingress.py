@@ -1,0 +1,207 @@
+"""The OpenAI ingress: Ray Serve LLM's `OpenAiIngress` with bounded engine calls and OpenAI-shaped errors.
+
+What Ray 2.58's ingress does by itself (measured on this stack): unknown model -> 404 but as FastAPI's
+`{"detail": ...}`; malformed JSON -> 400 `{"error": ...}`; engine validation errors (max_tokens < 1,
+prompt longer than the context) -> 400 with a message wrapped in "Message: ..., Internal exception: ...";
+a whole request is bounded by RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT (600 s, 408) but a started stream is
+not; a dead engine replica surfaces as a bare 500. This module:
+  - answers every error as OpenAI does: `{"error": {"message", "type", "param", "code"}}` with the
+    HTTP status (400 invalid request/JSON/context length, 404 unknown model, 503 engine unavailable);
+  - bounds the wait for the first chunk and between chunks (AppConfig.timeouts) -> 503;
+  - adds GET /health: 200 when the model's serving deployment answers its health check, else 503.
+Mid-stream failures cannot change the HTTP status any more; they end the stream with an SSE
+`data: {"error": {...}}` event, which is how vLLM reports mid-stream errors too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ErrorInfo,
+    ErrorResponse,
+    OpenAIHTTPException,
+)
+from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
+from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from ray.llm._internal.serve.observability.logging import get_logger
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+logger = get_logger(__name__)
+
+# An engine replica that died, is restarting, or refuses work because its queue is full.
+ENGINE_UNAVAILABLE = (RayActorError, ActorUnavailableError, DeploymentUnavailableError, BackPressureError)
+HEALTH_CHECK_TIMEOUT_S = 10.0
+
+
+class OpenAIError(OpenAIHTTPException):
+    """An error answered as OpenAI does: HTTP status + {"error": {message, type, param, code}}."""
+
+    def __init__(self, status_code: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None):
+        kind = "invalid_request_error" if status_code < 500 else "server_error"
+        super().__init__(status_code, message, type=kind)
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def as_error_response(self) -> ErrorResponse:
+        """The same error as a stream event (vLLM's ErrorInfo wants the HTTP status as code)."""
+        return ErrorResponse(
+            error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.status_code)
+        )
+
+    @classmethod
+    def from_engine(cls, error: ErrorResponse) -> "OpenAIError":
+        """vLLM/Ray reported the error (validation, context length...): keep its status, message and param."""
+        info = error.error
+        message = info.message
+        code = "context_length_exceeded" if "maximum context length" in message else None
+        return cls(int(info.code or 500), message, param=info.param, code=code)
+
+
+class EngineUnavailable(OpenAIError):
+    def __init__(self, message: str) -> None:
+        super().__init__(status.HTTP_503_SERVICE_UNAVAILABLE, message, code="engine_unavailable")
+
+
+async def bounded_chunks(
+    chunks: AsyncIterator[Any], *, first_s: float, between_s: float, what: str
+) -> AsyncIterator[Any]:
+    """Pass `chunks` through; raise (before the first chunk) or yield (after it) a 503 error when the
+    engine stops answering within the deadline or its replica is unavailable."""
+    iterator = chunks.__aiter__()
+    started = False
+    try:
+        while True:
+            limit = between_s if started else first_s
+            try:
+                chunk = await asyncio.wait_for(iterator.__anext__(), timeout=limit)
+            except StopAsyncIteration:
+                return
+            except (asyncio.TimeoutError, *ENGINE_UNAVAILABLE) as exc:
+                failure = EngineUnavailable(_explain(exc, what, limit, started))
+                logger.error("%s", failure.message)
+                if not started:
+                    raise failure from exc
+                yield failure.as_error_response()
+                return
+            if not started:
+                first = chunk[0] if isinstance(chunk, list) and chunk else chunk
+                if isinstance(first, ErrorResponse):
+                    raise OpenAIError.from_engine(first)
+            started = True
+            yield chunk
+    finally:
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _explain(exc: BaseException, what: str, limit: float, started: bool) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        phase = "between two response chunks" if started else "before the first response chunk"
+        return (
+            f"{what}: the engine sent nothing for {limit:.0f} s {phase}; it may be dead, wedged or "
+            "overloaded. Retry later; operators: check `serve status` and the engine replica logs, and "
+            "raise timeouts.first_token_s/between_tokens_s if long prompts are expected."
+        )
+    if isinstance(exc, BackPressureError):
+        return f"{what}: the engine replicas are at capacity ({exc}). Retry later."
+    return (
+        f"{what}: the engine replica is unavailable ({type(exc).__name__}: {exc}). Serve restarts failed "
+        "replicas; retry in a minute. Operators: check `serve status` and the replica logs."
+    )
+
+
+def _openai_error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(status_code=error.status_code, content=error.body())
+
+
+async def _on_openai_http_exception(_request: Request, exc: OpenAIHTTPException) -> JSONResponse:
+    if not isinstance(exc, OpenAIError):
+        exc = OpenAIError(exc.status_code, exc.message)
+    return _openai_error_response(exc)
+
+
+async def _on_http_exception(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    message = str(exc.detail)
+    unknown_model = exc.status_code == status.HTTP_404_NOT_FOUND and "model" in message.lower()
+    return _openai_error_response(
+        OpenAIError(
+            exc.status_code,
+            message,
+            param="model" if unknown_model else None,
+            code="model_not_found" if unknown_model else None,
+        )
+    )
+
+
+async def _on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        error = OpenAIError(400, f"The request body is not valid JSON: {first.get('msg', 'decode error')}.", code="invalid_json")
+    else:
+        param = ".".join(location) or None
+        error = OpenAIError(400, f"Invalid value for {param or 'the request'}: {first.get('msg', 'invalid')}.", param=param)
+    return _openai_error_response(error)
+
+
+def make_app() -> FastAPI:
+    """Ray's ingress FastAPI app (middleware, metrics, request ids) with OpenAI-shaped error handlers."""
+    app = ray_ingress.init()
+    app.add_exception_handler(OpenAIHTTPException, _on_openai_http_exception)
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    return app
+
+
+ENDPOINTS = {**ray_ingress.DEFAULT_ENDPOINTS, "health": lambda app: app.get("/health")}
+
+
+class BoundedOpenAiIngress(OpenAiIngress):
+    """OpenAiIngress with deadlines on engine calls, 503s for unavailable engines and GET /health."""
+
+    def __init__(
+        self,
+        llm_deployments,
+        model_cards,
+        *,
+        lora_paths: Optional[dict[str, str]] = None,
+        first_token_timeout_s: float = 300.0,
+        between_tokens_timeout_s: float = 60.0,
+        **kwargs: Any,
+    ):
+        super().__init__(llm_deployments, model_cards, lora_paths=lora_paths, **kwargs)
+        self._first_token_timeout_s = first_token_timeout_s
+        self._between_tokens_timeout_s = between_tokens_timeout_s
+
+    async def health(self) -> JSONResponse:
+        """200 when every model's serving deployment passes its engine health check, else 503."""
+        for model_id, handle in self._default_serve_handles.items():
+            try:
+                await asyncio.wait_for(handle.check_health.remote(), timeout=HEALTH_CHECK_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
+                return _openai_error_response(
+                    EngineUnavailable(f"model {model_id!r} is not healthy: {type(exc).__name__}: {exc}")
+                )
+        return JSONResponse({"status": "ok", "models": sorted(self._default_serve_handles)})
+
+    async def _get_response(self, *, body, call_method: str, raw_request=None):
+        chunks = super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
+        what = f"{call_method} request for model {body.model!r}"
+        async for chunk in bounded_chunks(
+            chunks,
+            first_s=self._first_token_timeout_s,
+            between_s=self._between_tokens_timeout_s,
+            what=what,
+        ):
+            yield chunk

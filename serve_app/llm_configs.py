@@ -1,0 +1,96 @@
+"""AppConfig -> Ray Serve LLM arguments: one LLMConfig (as a dict) per engine role, plus ingress options.
+
+Pure mapping, importable with pydantic only: the builder validates the dicts with Ray's real
+`LLMConfig`, and the unit tests do the same. Both roles go through the same functions; the only
+role-specific inputs are the RoleSpec and the KV role.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from serve_app.config import AppConfig, RoleSpec
+
+# vLLM kv_role per serving role in disaggregated mode. Aggregated mode has no KV connector.
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def kv_transfer_config(app: AppConfig, role: str) -> Optional[dict[str, Any]]:
+    """vLLM KVTransferConfig for `role`, or None when the app does not move KV."""
+    if app.mode != "disaggregated":
+        return None
+    kv = app.kv_transfer
+    return {
+        "kv_connector": kv.connector,
+        "kv_role": KV_ROLE[role],
+        "kv_buffer_device": kv.buffer_device,
+        "kv_connector_extra_config": {"backends": [kv.backend]},
+    }
+
+
+def engine_kwargs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(spec.engine_args)
+    kwargs["tensor_parallel_size"] = spec.tensor_parallel_size
+    kwargs["pipeline_parallel_size"] = spec.pipeline_parallel_size
+    kv = kv_transfer_config(app, role)
+    if kv is not None:
+        kwargs["kv_transfer_config"] = kv
+    return kwargs
+
+
+def accelerator_fields(app: AppConfig) -> dict[str, Any]:
+    """Accelerator kind, type and the per-worker bundle Ray replicates TP x PP times."""
+    if app.accelerator == "cpu":
+        return {"accelerator_config": {"kind": "cpu"}, "placement_group_config": {"bundle_per_worker": {"CPU": 1}}}
+    fields: dict[str, Any] = {
+        "accelerator_config": {"kind": "gpu"},
+        "placement_group_config": {"bundle_per_worker": {"GPU": 1}},
+    }
+    if app.accelerator_type:
+        fields["accelerator_type"] = app.accelerator_type
+    return fields
+
+
+def deployment_config(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if spec.autoscaling is not None:
+        config["autoscaling_config"] = spec.autoscaling.model_dump()
+    else:
+        config["num_replicas"] = spec.replicas
+    if app.placement.pin_roles:
+        config["placement_group_bundle_label_selector"] = [{app.placement.role_label_key: role}]
+    return config
+
+
+def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
+    env = {**app.env, **spec.env}
+    if spec.side_channel_port is not None:
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
+    return {"env_vars": env}
+
+
+def role_llm_config(app: AppConfig, role: str) -> dict[str, Any]:
+    """LLMConfig kwargs for one engine role of `app` (prefill or decode)."""
+    spec = app.roles()[role]
+    model_loading: dict[str, Any] = {"model_id": app.model.id, "model_source": app.model.source}
+    if app.model.tokenizer_source:
+        model_loading["tokenizer_source"] = app.model.tokenizer_source
+    return {
+        "model_loading_config": model_loading,
+        **accelerator_fields(app),
+        "engine_kwargs": engine_kwargs(app, role, spec),
+        "deployment_config": deployment_config(app, role, spec),
+        "runtime_env": runtime_env(app, role, spec),
+        "log_engine_metrics": app.engine_metrics,
+    }
+
+
+def ingress_deployment_config(app: AppConfig) -> dict[str, Any]:
+    actor_options: dict[str, Any] = {"num_cpus": app.ingress.num_cpus}
+    if app.placement.ingress_label:
+        actor_options["label_selector"] = dict(app.placement.ingress_label)
+    return {
+        "num_replicas": app.ingress.replicas,
+        "max_ongoing_requests": app.ingress.max_ongoing_requests,
+        "ray_actor_options": actor_options,
+    }

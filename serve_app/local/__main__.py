@@ -1,0 +1,88 @@
+"""`python -m serve_app.local`: serve the tiny model disaggregated on http://127.0.0.1:8000/v1 until Ctrl-C.
+
+Prints one READY line with a curl example; on SIGINT/SIGTERM stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+
+from serve_app.local.cluster import PortPlan
+from serve_app.local.serve_config import MODEL_ID
+from serve_app.local.stack import LocalStack, log
+
+
+def _used_memory_gb() -> float:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return (vm.total - vm.available) / 1024**3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serve_app.local", description=__doc__)
+    parser.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated")
+    parser.add_argument("--port", type=int, default=8000, help="Serve HTTP port on 127.0.0.1")
+    parser.add_argument("--exit-when-ready", action="store_true", help="stop again right after READY (smoke test)")
+    args = parser.parse_args(argv)
+
+    stop_requested = threading.Event()
+    starting = True
+
+    def on_signal(signum, _frame):
+        log(f"got {signal.Signals(signum).name}: stopping")
+        stop_requested.set()
+        if starting:
+            raise KeyboardInterrupt  # abort start-up; LocalStack.start() cleans up what it started
+
+    def install_handlers() -> None:
+        # Again after start-up: ray.init()/ray.shutdown() in the launcher replace them.
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    install_handlers()
+    memory_before = _used_memory_gb()
+    stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=PortPlan(http=args.port))
+    try:
+        stack.start()
+    except KeyboardInterrupt:
+        log("start-up interrupted; everything started so far was stopped")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - top level: tell the operator, exit non-zero
+        log(f"FAILED to start the local stack: {exc}")
+        return 1
+    starting = False
+    install_handlers()
+    t = stack.timings
+    log(
+        f"startup: model {t['model']:.1f} s, ray {t['ray_start']:.1f} s, deploy+warm-up {t['deploy']:.1f} s, "
+        f"total {t['total']:.1f} s; memory in use +{_used_memory_gb() - memory_before:.1f} GB "
+        f"({len(stack.cluster.processes())} processes)"
+    )
+    url = stack.base_url("llm")
+    print(
+        f"READY {args.mode} model={MODEL_ID} at {url} ({t['total']:.0f} s) -- try: curl -s {url}/chat/completions "
+        f"-H 'Content-Type: application/json' -d "
+        f"'{{\"model\": \"{MODEL_ID}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hello\"}}], \"max_tokens\": 16}}'",
+        flush=True,
+    )
+    try:
+        while not stop_requested.is_set() and not args.exit_when_ready:
+            stop_requested.wait(1)
+    finally:
+        t0 = time.monotonic()
+        count = stack.stop()
+        left = [p.pid for p in stack.cluster.processes()]
+        log(
+            f"stopped {count} processes in {time.monotonic() - t0:.1f} s"
+            + (f"; WARNING still running: {left}" if left else "; none left")
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

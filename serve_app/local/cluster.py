@@ -1,0 +1,191 @@
+"""A local multi-node Ray cluster on loopback: a head plus one node per engine role, labelled with its role.
+
+All nodes run on 127.0.0.2: Ray rewrites 127.0.0.1/localhost to the host's own interface address,
+but leaves other 127/8 addresses alone (shared/notes/ray-role-placement.md §1), so Ray traffic stays
+on loopback. Each node gets its own agent, metrics and worker ports so several raylets share one IP.
+
+Every process of the cluster inherits RLD_CLUSTER_ID; `stop()` ends exactly those processes (and no
+other Ray on the machine, which a bare `ray stop` would also kill).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import psutil
+
+NODE_IP = "127.0.0.2"
+CLUSTER_ID_ENV = "RLD_CLUSTER_ID"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class PortPlan:
+    """Every port the cluster listens on; distinct plans let a demo and a test run side by side."""
+
+    gcs: int = 6391
+    http: int = 8000
+    agent_base: int = 52400  # node i uses agent_base + 10*i ... + 5
+    worker_base: int = 10100  # node i uses [worker_base + 1000*i, + 998]
+
+    def node_ports(self, index: int) -> dict[str, int]:
+        base = self.agent_base + 10 * index
+        return {
+            "dashboard-agent-listen-port": base,
+            "dashboard-agent-grpc-port": base + 1,
+            "metrics-export-port": base + 2,
+            "runtime-env-agent-port": base + 3,
+            "node-manager-port": base + 4,
+            "object-manager-port": base + 5,
+            "min-worker-port": self.worker_base + 1000 * index,
+            "max-worker-port": self.worker_base + 1000 * index + 998,
+        }
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    num_cpus: int
+    role: Optional[str] = None  # value of the role label; None for the head
+
+
+DEFAULT_NODES = (
+    NodeSpec("head", num_cpus=2),
+    NodeSpec("prefill", num_cpus=4, role="prefill"),
+    NodeSpec("decode", num_cpus=4, role="decode"),
+)
+
+
+@dataclass
+class LocalRayCluster:
+    role_label_key: str
+    ports: PortPlan = field(default_factory=PortPlan)
+    nodes: tuple[NodeSpec, ...] = DEFAULT_NODES
+    object_store_bytes: int = 256 * 1024**2
+    cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def address(self) -> str:
+        return f"{NODE_IP}:{self.ports.gcs}"
+
+    @property
+    def temp_dir(self) -> Path:
+        # Short: Ray puts unix sockets under it (108-byte path limit).
+        return Path("/tmp") / f"rld-{self.cluster_id}"
+
+    def metrics_url(self, node_name: str) -> str:
+        index = [n.name for n in self.nodes].index(node_name)
+        return f"http://{NODE_IP}:{self.ports.node_ports(index)['metrics-export-port']}/metrics"
+
+    def env(self) -> dict[str, str]:
+        """Environment of every Ray process: the app importable, no hub, no telemetry, our marker."""
+        env = dict(os.environ)
+        env.update(
+            {
+                CLUSTER_ID_ENV: self.cluster_id,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+            }
+        )
+        return env
+
+    def _start_command(self, index: int, node: NodeSpec) -> list[str]:
+        ray_cli = str(Path(sys.executable).with_name("ray"))
+        cmd = [
+            ray_cli, "start",
+            f"--node-ip-address={NODE_IP}",
+            f"--num-cpus={node.num_cpus}",
+            f"--object-store-memory={self.object_store_bytes}",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+        ]  # fmt: skip
+        cmd += [f"--{flag}={port}" for flag, port in self.ports.node_ports(index).items()]
+        if index == 0:
+            cmd += [
+                "--head",
+                f"--port={self.ports.gcs}",
+                f"--ray-client-server-port={self.ports.gcs + 1}",
+                "--include-dashboard=false",
+            ]
+        else:
+            cmd += [f"--address={self.address}"]
+        if node.role:
+            cmd += [f"--labels={self.role_label_key}={node.role}"]
+        return cmd
+
+    def start(self, timeout_s: float = 120) -> None:
+        self._check_ports_free()
+        env = self.env()
+        for index, node in enumerate(self.nodes):
+            started = time.monotonic()
+            result = subprocess.run(
+                self._start_command(index, node), env=env, capture_output=True, text=True, timeout=timeout_s
+            )
+            if result.returncode != 0:
+                self.stop()
+                raise RuntimeError(
+                    f"`ray start` for the {node.name} node failed (exit {result.returncode}).\n"
+                    f"stderr tail:\n{result.stderr[-3000:]}\nLogs: {self.temp_dir}/session_latest/logs"
+                )
+            print(f"  ray node {node.name:<8} up in {time.monotonic() - started:5.1f} s", file=sys.stderr)
+
+    def _check_ports_free(self) -> None:
+        wanted = {self.ports.gcs: "Ray GCS", self.ports.http: "Serve HTTP"}
+        for index, node in enumerate(self.nodes):
+            wanted[self.ports.node_ports(index)["metrics-export-port"]] = f"{node.name} metrics"
+        busy = {
+            c.laddr.port
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in wanted
+        }
+        if busy:
+            names = ", ".join(f"{port} ({wanted[port]})" for port in sorted(busy))
+            raise RuntimeError(
+                f"ports already in use: {names}. Another demo or test cluster is probably running: stop it "
+                "(Ctrl-C in its terminal), or find the owner with `ss -ltnp`."
+            )
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process started for this cluster (raylets, GCS, workers, vLLM engines...)."""
+        ours = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != os.getpid() and proc.environ().get(CLUSTER_ID_ENV) == self.cluster_id:
+                    ours.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return ours
+
+    def stop(self, grace_s: float = 8, keep_logs: bool = False) -> int:
+        """SIGTERM every process of this cluster, SIGKILL what is left after `grace_s`; returns the count."""
+        procs = self.processes()
+        for proc in procs:
+            _signal(proc, signal.SIGTERM)
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for proc in alive:
+            _signal(proc, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+        # vLLM engines started late (during the TERM wave) inherit the marker too: sweep once more.
+        for proc in self.processes():
+            _signal(proc, signal.SIGKILL)
+        if not keep_logs:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return len(procs)
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass

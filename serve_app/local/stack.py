@@ -1,0 +1,154 @@
+"""Start and stop the whole local stack: tiny model, loopback Ray cluster, the app via a serve config.
+
+Shared by the demo (`python -m serve_app.local`) and the test session fixture, so tests exercise
+exactly what users run. Deployment goes through Serve's config path (`deploy_apps` with a
+ServeDeploySchema), the same one KubeRay's RayService uses, with import_path serve_app.builder:build_app.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from serve_app.config import DEFAULT_ROLE_LABEL_KEY
+from serve_app.local.cluster import LocalRayCluster, PortPlan
+from serve_app.local.serve_config import MODEL_ID, local_app_args, serve_deploy_config
+from serve_app.local.tiny_model import ensure_tiny_model
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class LocalStack:
+    """The demo/test deployment. `apps` maps app name -> (route prefix, mode)."""
+
+    apps: dict[str, tuple[str, str]] = field(default_factory=lambda: {"disagg": ("/", "disaggregated")})
+    ports: PortPlan = field(default_factory=PortPlan)
+    side_channel_ports: Optional[dict[str, int]] = None
+    role_label_key: str = DEFAULT_ROLE_LABEL_KEY
+    cluster: LocalRayCluster = field(init=False)
+    serve_config: dict[str, Any] = field(init=False, default_factory=dict)
+    timings: dict[str, float] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.cluster = LocalRayCluster(role_label_key=self.role_label_key, ports=self.ports)
+
+    def base_url(self, app: str = "disagg") -> str:
+        prefix = self.apps[app][0].rstrip("/")
+        return f"http://127.0.0.1:{self.ports.http}{prefix}/v1"
+
+    def start(self, *, deploy_timeout_s: float = 600) -> None:
+        t0 = time.monotonic()
+        model_path = ensure_tiny_model()
+        self.timings["model"] = time.monotonic() - t0
+        log(f"tiny model: {model_path} ({self.timings['model']:.1f} s)")
+
+        try:
+            self._start_cluster_and_deploy(model_path, deploy_timeout_s)
+        except BaseException:  # also Ctrl-C during start-up: leave nothing running
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t0
+
+    def _start_cluster_and_deploy(self, model_path: Path, deploy_timeout_s: float) -> None:
+        t1 = time.monotonic()
+        log(f"starting Ray on {self.cluster.address} (logs: {self.cluster.temp_dir}/session_latest/logs)")
+        self.cluster.start()
+        self.timings["ray_start"] = time.monotonic() - t1
+
+        self.serve_config = serve_deploy_config(
+            {
+                name: {
+                    "route_prefix": prefix,
+                    "args": local_app_args(
+                        str(model_path),
+                        mode=mode,
+                        role_label_key=self.role_label_key,
+                        side_channel_ports=self.side_channel_ports,
+                    ),
+                }
+                for name, (prefix, mode) in self.apps.items()
+            },
+            http_port=self.ports.http,
+        )
+        config_file = self.cluster.temp_dir / "serve-config.yaml"
+        config_file.write_text(yaml.safe_dump(self.serve_config, sort_keys=False))
+        t2 = time.monotonic()
+        log(f"deploying {', '.join(self.apps)} from {config_file} (engines take 1-3 min on 2 cores)")
+        self._deploy_and_wait(deploy_timeout_s)
+        self._warm_up()
+        self.timings["deploy"] = time.monotonic() - t2
+
+    def _deploy_and_wait(self, timeout_s: float) -> None:
+        import ray
+        from ray.serve._private import api as serve_api
+        from ray.serve.schema import ServeDeploySchema
+
+        schema = ServeDeploySchema.model_validate(self.serve_config)
+        ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
+        try:
+            client = serve_api.serve_start(
+                http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location
+            )
+            client.deploy_apps(schema)
+            self._wait_running(timeout_s)
+        finally:
+            ray.shutdown()
+
+    def _wait_running(self, timeout_s: float) -> None:
+        from ray import serve
+
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < deadline:
+            apps = serve.status().applications
+            states = {name: apps[name].status.value if name in apps else "NOT_STARTED" for name in self.apps}
+            summary = ", ".join(f"{n}={s}" for n, s in states.items())
+            if summary != last:
+                log(f"serve: {summary}")
+                last = summary
+            failed = {n: apps[n] for n, s in states.items() if s in ("DEPLOY_FAILED", "UNHEALTHY")}
+            if failed:
+                details = "\n".join(f"{n}: {a.message}" for n, a in failed.items())
+                raise RuntimeError(f"Serve app(s) failed to deploy:\n{details}\nLogs: {self._logs()}")
+            if all(s == "RUNNING" for s in states.values()):
+                return
+            time.sleep(2)
+        raise TimeoutError(
+            f"Serve apps not RUNNING after {timeout_s:.0f} s ({last}). Pending placement groups? "
+            f"`ray status --address {self.cluster.address}`; replica logs: {self._logs()}"
+        )
+
+    def _warm_up(self) -> None:
+        """One request per app, long enough for the remote path: the first NIXL hand-off does the
+        connector handshake, which should not land on a user's first request."""
+        prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)
+        for app in self.apps:
+            body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            post_json(f"{self.base_url(app)}/completions", body, timeout_s=180)
+
+    def _logs(self) -> str:
+        return f"{self.cluster.temp_dir}/session_latest/logs (serve/ and worker-*.err)"
+
+    def stop(self) -> int:
+        keep = os.environ.get("RLD_KEEP_RAY_LOGS") == "1"
+        return self.cluster.stop(keep_logs=keep)
+
+
+def post_json(url: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+

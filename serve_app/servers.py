@@ -1,0 +1,200 @@
+"""The engine replicas: Ray Serve LLM's servers plus per-request metrics and selective disaggregation.
+
+- `MeteredPrefillServer` is Ray's `PDPrefillServer` timing its own work (role=prefill).
+- `SelectiveDecodeServer` is Ray's `PDDecodeServer` (decode engine + prefill orchestration) that first
+  counts the prompt's tokens with its own engine's tokenizer: prompts shorter than
+  `remote_prefill_min_tokens` are prefilled locally, without any kv_transfer_params, and only the
+  rest go through Ray's remote-prefill hand-off.
+- `MeteredServer` is Ray's plain `LLMServer`, for aggregated mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, AsyncIterator, Callable, Optional, Union
+
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from ray.llm._internal.serve.core.protocol import RawRequestInfo
+from ray.llm._internal.serve.core.server.llm_server import LLMServer
+from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (
+    PDDecodeServer,
+    PDPrefillServer,
+)
+from ray.serve.handle import DeploymentHandle
+from ray.serve.llm import LLMConfig
+
+from serve_app.metrics import Path, RequestClock, RequestMetrics
+
+logger = logging.getLogger("ray.serve")
+
+Request = Union[ChatCompletionRequest, CompletionRequest]
+
+
+class _MeteredMixin:
+    """Wraps chat/completions of an LLMServer subclass with `RequestMetrics.observe`."""
+
+    _metrics: RequestMetrics
+
+    def _init_metrics(self, llm_config: LLMConfig, *, mode: str, role: str) -> None:
+        self._metrics = RequestMetrics(model=llm_config.model_id, mode=mode, role=role)
+
+    def _metered(self, chunks: AsyncIterator[Any], request: Request, clock: RequestClock, path: Path):
+        return self._metrics.observe(chunks, clock, path=path, stream=bool(request.stream))
+
+
+class MeteredServer(_MeteredMixin, LLMServer):
+    """Aggregated mode: one engine serves whole requests (always the local path)."""
+
+    async def __init__(self, llm_config: LLMConfig, *, mode: str = "aggregated", role: str = "decode", **kwargs):
+        self._init_metrics(llm_config, mode=mode, role=role)
+        await super().__init__(llm_config, **kwargs)
+
+    async def chat(self, request: ChatCompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
+        return await self._serve_local(request, raw_request_info, super().chat)
+
+    async def completions(self, request: CompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
+        return await self._serve_local(request, raw_request_info, super().completions)
+
+    async def _serve_local(self, request: Request, raw: Optional[RawRequestInfo], run: Callable):
+        clock = RequestClock()
+        self._metrics.accepted("local")
+        return self._metered(await run(request, raw), request, clock, "local")
+
+
+class MeteredPrefillServer(_MeteredMixin, PDPrefillServer):
+    """Prefill role of disaggregated mode: Ray's PDPrefillServer, timed."""
+
+    async def __init__(self, llm_config: LLMConfig, **kwargs):
+        self._init_metrics(llm_config, mode="disaggregated", role="prefill")
+        await super().__init__(llm_config, **kwargs)
+
+    async def chat(self, request: ChatCompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
+        return await self._serve_prefill(request, raw_request_info, super().chat)
+
+    async def completions(self, request: CompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
+        return await self._serve_prefill(request, raw_request_info, super().completions)
+
+    async def _serve_prefill(self, request: Request, raw: Optional[RawRequestInfo], run: Callable):
+        clock = RequestClock()
+        self._metrics.accepted("remote")
+        return self._metered(await run(request, raw), request, clock, "remote")
+
+
+class _HandoffClockBackend:
+    """Delegates to Ray's KV-connector backend and stamps each request's clock at the two hand-off points.
+
+    Ray's orchestrator calls `prepare_prefill_request` right before it sends the prefill request and
+    `prepare_decode_request` right after the prefill response (with kv_transfer_params) arrives.
+    """
+
+    def __init__(self, backend: Any, clocks: dict[int, RequestClock]) -> None:
+        self._backend = backend
+        self._clocks = clocks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def prepare_prefill_request(self, *, request: Request, peer: Any):
+        clock = self._clocks.get(id(request))
+        if clock is not None:
+            clock.prefill_sent = time.monotonic()
+        return self._backend.prepare_prefill_request(request=request, peer=peer)
+
+    def prepare_decode_request(self, *, request: Request, peer: Any, prefill_response: Any):
+        clock = self._clocks.get(id(request))
+        if clock is not None and prefill_response is not None:
+            clock.prefill_done = time.monotonic()
+            params = getattr(prefill_response, "kv_transfer_params", None) or {}
+            clock.handed_off_tokens = params.get("remote_num_tokens")
+        return self._backend.prepare_decode_request(request=request, peer=peer, prefill_response=prefill_response)
+
+
+class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
+    """Decode role: remote prefill for long prompts (Ray's P/D hand-off), local prefill for short ones."""
+
+    async def __init__(
+        self,
+        llm_config: LLMConfig,
+        *,
+        prefill_server: DeploymentHandle,
+        remote_prefill_min_tokens: int = 0,
+        **kwargs,
+    ):
+        self._remote_prefill_min_tokens = remote_prefill_min_tokens
+        self._clocks: dict[int, RequestClock] = {}
+        self._handoff_backend: Optional[_HandoffClockBackend] = None
+        self._init_metrics(llm_config, mode="disaggregated", role="decode")
+        await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
+        logger.info(
+            "SelectiveDecodeServer ready: prompts with fewer than %d tokens are prefilled locally on decode",
+            remote_prefill_min_tokens,
+        )
+
+    def _get_connector_backend(self):
+        if self._handoff_backend is None:
+            self._handoff_backend = _HandoffClockBackend(super()._get_connector_backend(), self._clocks)
+        return self._handoff_backend
+
+    async def chat(self, request: ChatCompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
+        return await self._serve(request, raw_request_info, LLMServer.chat)
+
+    async def completions(self, request: CompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
+        return await self._serve(request, raw_request_info, LLMServer.completions)
+
+    async def _serve(self, request: Request, raw: Optional[RawRequestInfo], run_local: Callable):
+        clock = RequestClock()
+        # Whatever a client put in kv_transfer_params is not ours to honour: the decode engine would
+        # try to pull KV from wherever it points.
+        request.kv_transfer_params = None
+        prompt_tokens = await self._count_prompt_tokens(request)
+        if prompt_tokens is not None and prompt_tokens < self._remote_prefill_min_tokens:
+            self._metrics.accepted("local", prompt_tokens)
+            return self._metered(await run_local(self, request, raw), request, clock, "local")
+        self._metrics.accepted("remote")
+        return self._metered(self._remote(request, raw, clock), request, clock, "remote")
+
+    async def _remote(self, request: Request, raw: Optional[RawRequestInfo], clock: RequestClock):
+        self._clocks[id(request)] = clock
+        try:
+            async for chunk in self._pd_handle_request(request, raw):
+                yield chunk
+        finally:
+            self._clocks.pop(id(request), None)
+
+    async def _count_prompt_tokens(self, request: Request) -> Optional[int]:
+        """Prompt length in tokens as this engine renders it (chat template included).
+
+        None when selective disaggregation is off (threshold 0: no tokenizing at all) or the prompt
+        cannot be measured; such requests take the remote path, as Ray would send them.
+        """
+        if self._remote_prefill_min_tokens <= 0:
+            return None
+        if isinstance(request, ChatCompletionRequest):
+            return await self._tokenize(_tokenize_request(TokenizeChatRequest, request))
+        prompt = request.prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return len(prompt)
+        if isinstance(prompt, str):
+            return await self._tokenize(_tokenize_request(TokenizeCompletionRequest, request))
+        return None  # batched prompts: leave them to the remote path
+
+    async def _tokenize(self, tokenize_request: Any) -> Optional[int]:
+        async for response in await self.tokenize(tokenize_request):
+            if isinstance(response, ErrorResponse):
+                # The real request will fail the same way and return this error to the client.
+                return None
+            return response.count
+        return None
+
+
+def _tokenize_request(model: type, request: Request) -> Any:
+    """A tokenize request carrying every field it shares with `request` (messages, template, tools...)."""
+    shared = {name: getattr(request, name) for name in model.model_fields if name in type(request).model_fields}
+    return model.model_validate(shared)

@@ -1,0 +1,108 @@
+"""AppConfig -> Ray LLMConfig mapping, validated by Ray's real LLMConfig / PDServingArgs models (fast: no cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+
+from serve_app.builder import AppConfigError, llm_configs, parse_app_config
+from serve_app.config import DEFAULT_ROLE_LABEL_KEY, AppConfig
+from serve_app.local.serve_config import local_app_args
+
+
+def gpu_args(**overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "model": {"id": "llama-70b", "source": "s3://models/llama-70b"},
+        "accelerator": "gpu",
+        "accelerator_type": "H100",
+        "kv_transfer": {"connector": "NixlConnector", "backend": "LIBFABRIC", "buffer_device": "cuda"},
+        "prefill": {"replicas": 2, "tensor_parallel_size": 4, "engine_args": {"max_model_len": 8192}},
+        "decode": {
+            "autoscaling": {"min_replicas": 1, "max_replicas": 4},
+            "tensor_parallel_size": 8,
+            "env": {"NCCL_DEBUG": "WARN"},
+        },
+        "env": {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"},
+    }
+    args.update(overrides)
+    return args
+
+
+def test_gpu_disaggregated_roles_map_to_ray_llm_configs() -> None:
+    configs = llm_configs(parse_app_config(gpu_args()))
+    prefill, decode = configs["prefill"], configs["decode"]
+
+    assert prefill.model_id == decode.model_id == "llama-70b"
+    assert prefill.accelerator_type == "H100" and prefill.accelerator_config.kind == "gpu"
+    # GPU bundles: one per TP x PP rank, tagged with the accelerator type by Ray.
+    assert prefill.get_engine_config().placement_bundles == [{"GPU": 1, "accelerator_type:H100": 0.001}] * 4
+    assert len(decode.get_engine_config().placement_bundles) == 8
+
+    for role, config, kv_role in (("prefill", prefill, "kv_producer"), ("decode", decode, "kv_consumer")):
+        assert config.engine_kwargs["kv_transfer_config"] == {
+            "kv_connector": "NixlConnector",
+            "kv_role": kv_role,
+            "kv_buffer_device": "cuda",
+            "kv_connector_extra_config": {"backends": ["LIBFABRIC"]},
+        }
+        assert config.deployment_config["placement_group_bundle_label_selector"] == [{DEFAULT_ROLE_LABEL_KEY: role}]
+
+    assert prefill.engine_kwargs["tensor_parallel_size"] == 4 and prefill.engine_kwargs["max_model_len"] == 8192
+    assert prefill.deployment_config["num_replicas"] == 2
+    assert "num_replicas" not in decode.deployment_config
+    assert decode.deployment_config["autoscaling_config"]["max_replicas"] == 4
+    # App-wide env, overridden per role.
+    assert prefill.runtime_env["env_vars"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"}
+    assert decode.runtime_env["env_vars"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "WARN"}
+    # Ray's own P/D validation accepts the pair and gives decode its own NIXL port base.
+    pd = PDServingArgs.model_validate({"prefill_config": prefill, "decode_config": decode})
+    assert pd.decode_config.experimental_configs["NIXL_SIDE_CHANNEL_PORT_BASE"] == 22000
+
+
+def test_cpu_local_args_map_to_cpu_bundles_and_loopback_env() -> None:
+    args = local_app_args("/models/tiny", side_channel_ports={"prefill": 20100, "decode": 22100})
+    configs = llm_configs(AppConfig.model_validate(args))
+    for role, core in (("prefill", "0"), ("decode", "1")):
+        config = configs[role]
+        assert config.accelerator_config.kind == "cpu" and config.accelerator_type is None
+        assert config.get_engine_config().placement_bundles == [{"CPU": 1}]
+        env = config.runtime_env["env_vars"]
+        assert env["VLLM_CPU_OMP_THREADS_BIND"] == core
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" and env["UCX_NET_DEVICES"] == "lo"
+        assert config.engine_kwargs["kv_transfer_config"]["kv_buffer_device"] == "cpu"
+        assert config.engine_kwargs["enforce_eager"] is True
+    assert configs["prefill"].runtime_env["env_vars"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "20100"
+    assert configs["decode"].runtime_env["env_vars"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "22100"
+
+
+def test_aggregated_mode_has_one_engine_without_kv_connector() -> None:
+    configs = llm_configs(AppConfig.model_validate(local_app_args("/models/tiny", mode="aggregated")))
+    assert list(configs) == ["decode"]
+    assert "kv_transfer_config" not in configs["decode"].engine_kwargs
+
+
+def test_unpinned_roles_have_no_label_selector() -> None:
+    configs = llm_configs(parse_app_config(gpu_args(placement={"pin_roles": False})))
+    assert all("placement_group_bundle_label_selector" not in c.deployment_config for c in configs.values())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"accelerator": "cpu"}, "accelerator_type"),
+        ({"accelerator": "cpu", "accelerator_type": None}, "buffer_device"),
+        ({"prefill": {"engine_args": {"kv_transfer_config": {}}}}, "kv_transfer"),
+        ({"prefill": None}, "prefill: required"),
+        ({"decode": {"replica": 1}}, "replica"),
+    ],
+)
+def test_invalid_args_fail_at_build_time_naming_the_field(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(AppConfigError, match=message):
+        parse_app_config(gpu_args(**overrides))
+
+
+def test_ray_rejects_an_unknown_accelerator_type() -> None:
+    with pytest.raises(ValueError, match="H1000"):
+        llm_configs(parse_app_config(gpu_args(accelerator_type="H1000")))
