@@ -7,11 +7,18 @@ re-running template logic: e.g. numOfHosts = TP x PP / gpusPerHost, EFA resource
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+
+import yaml
 
 from serve_app.config import AppConfig
 
-from .conftest import Rendered, container, env_of, ports_of
+from .conftest import CHART, Rendered, container, env_of, ports_of
+
+
+@functools.lru_cache(maxsize=1)
+def chart_yaml() -> dict:
+    return yaml.safe_load((CHART / "Chart.yaml").read_text())
 
 
 def roles_of(v: dict) -> list[str]:
@@ -85,7 +92,7 @@ def check_rayservice(r: Rendered) -> None:
     assert "selector" not in svc["spec"], "KubeRay owns the serve Service selector"
     assert (svc["metadata"].get("annotations") or {}) == (v["service"]["annotations"] or {})
     cluster = spec["rayClusterConfig"]
-    assert cluster["rayVersion"] == r_chart_annotation("ray-llm-disagg.io/ray-version")
+    assert cluster["rayVersion"] == chart_yaml()["annotations"]["ray-llm-disagg.io/ray-version"]
     autoscaled = any(v[role]["autoscaling"]["enabled"] for role in roles_of(v))
     assert bool(cluster.get("enableInTreeAutoscaling")) == autoscaled
     if autoscaled:
@@ -97,24 +104,11 @@ def check_rayservice(r: Rendered) -> None:
     assert [g["groupName"] for g in cluster["workerGroupSpecs"]] == roles_of(v)
 
 
-def r_chart_annotation(key: str) -> str:
-    import yaml
-
-    from .conftest import CHART
-
-    return yaml.safe_load((CHART / "Chart.yaml").read_text())["annotations"][key]
-
-
 def image_of(v: dict) -> str:
-    import yaml
-
-    from .conftest import CHART
-
     img = v["image"]
     if img["digest"]:
         return f"{img['repository']}@{img['digest']}"
-    tag = img["tag"] or yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
-    return f"{img['repository']}:{tag}"
+    return f"{img['repository']}:{img['tag'] or chart_yaml()['appVersion']}"
 
 
 def check_head(r: Rendered) -> None:
@@ -383,9 +377,3 @@ def check_test_hook(r: Rendered) -> None:
     assert pod["spec"]["restartPolicy"] == "Never"
     assert (pod["spec"].get("nodeSelector") or {}) == t["nodeSelector"]
 
-
-def values_of(r: Rendered, *path: str) -> Any:
-    cur: Any = r.values
-    for p in path:
-        cur = cur[p]
-    return cur

@@ -53,3 +53,12 @@ def test_ct_lint(tools_on_path):
     for ci in CI_VALUES:  # every ci/ variant was linted
         assert ci.name in out, f"{ci.name} not linted:\n{out}"
     assert str(BIN) in tools_on_path["PATH"]
+
+
+def test_yamllint_examples_and_ci_values(tools_on_path):
+    """ct yamllints Chart.yaml and values.yaml only; hold the example and ci files to the same rules."""
+    etc = Path(tool("ct")).resolve().parent / "etc"
+    files = [str(p) for p in EXAMPLES + CI_VALUES] + [str(REPO / "ct.yaml")]
+    proc = subprocess.run([tool("yamllint"), "-c", str(etc / "lintconf.yaml"), "--strict", *files],
+                          env=tools_on_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -254,3 +254,16 @@ def _kubeconform_ok(r) -> None:
     kinds = {d["kind"] for d in r.docs}
     assert summary["valid"] == len(r.docs), (summary, kinds)
     assert "RayService" in kinds
+
+
+def test_kubeconform_really_checks_the_kuberay_schema():
+    """Guard against a silently permissive validator: an unknown worker-group field must be rejected."""
+    import yaml
+
+    r = render(values={})
+    docs = [dict(d) for d in r.docs]
+    rs = next(d for d in docs if d["kind"] == "RayService")
+    rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["numHosts"] = 2  # typo of numOfHosts
+    proc = kubeconform(yaml.safe_dump_all(docs))
+    assert proc.returncode != 0
+    assert "numHosts" in proc.stdout
