@@ -33,7 +33,7 @@ from locust import FastHttpUser, constant, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
-from locust.stats import RequestStats, StatsEntry
+from locust.stats import CSV_STATS_INTERVAL_SEC, RequestStats, StatsEntry
 
 from openai_load import options, prompts, slo
 from openai_load.samples import E2E, ITL, TOKENS_PER_S, TTFT, SampleStore, percentile
@@ -320,3 +320,7 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     if s.summary_json:
         with open(s.summary_json, "w") as f:
             json.dump(summary, f, indent=2, default=str)
+    if getattr(environment.parsed_options, "csv_prefix", None):
+        # Locust 2.47 rewrites the --csv files every CSV_STATS_INTERVAL_SEC and never once more at
+        # shutdown: without one more pass the files can miss the last second of the run.
+        gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)

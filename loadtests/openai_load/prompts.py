@@ -15,7 +15,7 @@ Calibration, done once per load-generator process, picks one of three methods:
 2. `tokenize-linear` — /tokenize exists but step 1's check fails (e.g. a tokenizer whose words
    merge across spaces, or fewer than 16 single-token words): tokens per word is measured on a
    long sample and prompts hit the target on average (typically within a few percent).
-3. `usage-linear` — no /tokenize (e.g. Ray Serve LLM's ingress, hosted APIs): two `max_tokens: 1`
+3. `usage-linear` — no /tokenize (e.g. hosted APIs, other servers): two `max_tokens: 1`
    requests of different lengths give `usage.prompt_tokens`, and a straight line through them
    gives tokens per word and the overhead. Same accuracy as 2.
 

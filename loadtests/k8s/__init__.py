@@ -1,0 +1,1 @@
+"""In-cluster load test manifests (python -m loadtests.k8s.render)."""

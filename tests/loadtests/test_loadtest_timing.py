@@ -1,0 +1,126 @@
+"""Timing accuracy of the locustfile against a deterministic SSE server (real HTTP on 127.0.0.1).
+
+The server answers like an OpenAI endpoint but with known timing: the first token after
+FIRST_S, then one token every GAP_S. The measured TTFT/ITL/E2E must match, which they would not
+if the stream were read in fixed-size blocks (Locust's iter_content waits for 1 KiB). It has no
+/tokenize, so prompts are calibrated from usage.prompt_tokens (the `usage-linear` method), and
+its prompt_tokens is exactly linear in words, so calibrated prompts must hit the target exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from lt_helpers import run_locust
+
+FIRST_S = 0.30
+GAP_S = 0.05
+TEMPLATE_TOKENS = 7  # the stub's "chat template" overhead
+
+
+class _StubOpenAI(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def _json(self, code: int, obj: object) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+        else:
+            self._json(404, {"error": {"message": "not found"}})
+
+    def _chunk(self, data: str) -> None:
+        raw = f"data: {data}\n\n".encode()
+        self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+        self.wfile.flush()
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/chat/completions":
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        words = len(body["messages"][0]["content"].split())
+        usage = {"prompt_tokens": TEMPLATE_TOKENS + words, "completion_tokens": body["max_tokens"]}
+        if not body.get("stream"):
+            self._json(200, {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}],
+                             "usage": usage})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._chunk(json.dumps({"choices": [{"delta": {"role": "assistant", "content": ""}}]}))
+        time.sleep(FIRST_S)
+        for i in range(body["max_tokens"]):
+            if i:
+                time.sleep(GAP_S)
+            self._chunk(json.dumps({"choices": [{"delta": {"content": f" t{i}"}}]}))
+            if body.get("temperature") == 9:  # the test's trigger for a mid-stream failure
+                self._chunk(json.dumps({"error": {"message": "boom: engine died"}}))
+                break
+        else:
+            self._chunk(json.dumps({"choices": [], "usage": usage}))
+            self._chunk("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+
+@pytest.fixture(scope="module")
+def stub_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StubOpenAI)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_ttft_itl_e2e_match_the_servers_timing(stub_url: str, tmp_path: Path) -> None:
+    n_out = 5
+    run = run_locust(stub_url, tmp_path, "--input-tokens", "40", "--output-tokens", str(n_out),
+                     users=2, run_time_s=15, max_requests=4)
+    assert run.returncode == 0, run.output[-3000:]
+    s = run.summary
+    assert s["ok"] == 4 and s["failed"] == 0
+    assert s["calibration"].startswith("usage-linear")
+    assert s["prompt_tokens"]["min"] == s["prompt_tokens"]["max"] == 40
+    m = s["metrics"]
+    slack = 0.15  # s, for a busy 2-core machine
+    assert FIRST_S * 1000 <= m["TTFT"]["min"] and m["TTFT"]["max"] <= (FIRST_S + slack) * 1000
+    assert GAP_S * 1000 <= m["ITL"]["min"] and m["ITL"]["max"] <= (GAP_S + slack / (n_out - 1)) * 1000 + 20
+    e2e = FIRST_S + (n_out - 1) * GAP_S
+    assert e2e * 1000 <= m["E2E"]["min"] and m["E2E"]["max"] <= (e2e + slack) * 1000
+    assert s["tokens_per_chunk"]["mean"] == 1.0
+    assert s["output_tokens"] == 4 * n_out
+
+
+def test_mid_stream_error_event_is_a_failure(stub_url: str, tmp_path: Path) -> None:
+    run = run_locust(stub_url, tmp_path, "--input-tokens", "40", "--output-tokens", "5",
+                     "--temperature", "9", users=1, run_time_s=10, max_requests=2)
+    post = run.stats[("POST", "chat")]
+    assert int(post["Request Count"]) == int(post["Failure Count"]) == 2
+    assert "boom: engine died" in Path(f"{run.prefix}_failures.csv").read_text()
+    assert run.returncode == 1  # Locust's own exit code for failures when no SLO is set
+
+
+def test_unreachable_server_fails_setup_with_exit_2(tmp_path: Path) -> None:
+    run = run_locust("http://127.0.0.1:9", tmp_path, users=1, run_time_s=5, max_requests=1)
+    assert run.returncode == 2
+    assert "load-test setup failed" in run.output and "127.0.0.1:9/v1/models" in run.output
