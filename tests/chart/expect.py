@@ -326,6 +326,10 @@ def check_serve_config(r: Rendered) -> AppConfig:
     assert cfg.placement.ingress_label == (v["placement"]["ingressLabel"] or None)
     assert cfg.ingress.replicas == v["serveIngress"]["replicas"]
     assert cfg.ingress.max_ongoing_requests == v["serveIngress"]["maxOngoingRequests"]
+    assert cfg.env == v["engineEnv"]
+    assert cfg.engine_metrics == v["engineMetrics"]
+    assert (cfg.timeouts.first_token_s, cfg.timeouts.between_tokens_s) == (
+        v["timeouts"]["firstTokenS"], v["timeouts"]["betweenTokensS"])
     if v["mode"] != "aggregated":
         assert cfg.kv_transfer.connector == v["kvTransfer"]["connector"]
         assert cfg.kv_transfer.backend == backend(v)

@@ -80,6 +80,8 @@ INVALID = [
     ("schema-tp-string", {"decode": {"tensorParallelSize": "8"}}, "decode.tensorParallelSize", "want integer"),
     ("camelcase-engine-arg", {"prefill": {"engineArgs": {"maxModelLen": 8192}}}, "prefill.engineArgs.maxModelLen", "snake_case"),
     ("bad-env-name", {"decode": {"env": {"my-var": "1"}}}, "decode.env.my-var", "environment variable name"),
+    ("bad-engine-env-name", {"engineEnv": {"1X": "1"}}, "engineEnv.1X", "environment variable name"),
+    ("schema-timeout-zero", {"timeouts": {"firstTokenS": 0}}, "timeouts.firstTokenS", "exclusiveMinimum"),
     ("bad-ray-label-key", {"prefill": {"rayLabels": {"bad key": "x"}}}, "prefill.rayLabels.bad key", "label key"),
     ("http-options-port", {"serve": {"httpOptions": {"port": 9000}}}, "serve.httpOptions.port", "set by the chart"),
     ("schema-side-channel-port-privileged", {"decode": {"sideChannelPort": 80}}, "decode.sideChannelPort", "minimum"),

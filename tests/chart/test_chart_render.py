@@ -94,6 +94,8 @@ MATRIX: dict[str, dict] = {
                            "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
                            "podAnnotations": {"a": "b"}, "podLabels": {"team": "ml"}, "priorityClassName": "high"}},
     "accelerator-type": {"acceleratorType": "H100"},
+    "engine-env-timeouts-metrics": {"engineEnv": {"VLLM_LOGGING_LEVEL": "INFO"}, "engineMetrics": False,
+                                    "timeouts": {"firstTokenS": 900, "betweenTokensS": 12.5}},
     "service-nlb": {"service": {"type": "LoadBalancer", "annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}}},
     "capabilities-never": {"capabilitiesCheck": "never"},
 }

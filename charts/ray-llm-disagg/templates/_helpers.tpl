@@ -171,6 +171,17 @@ app.kubernetes.io/part-of: ray-llm-disagg
 {{- end -}}
 {{- end -}}
 
+{{- /* Engine env names (a schema propertyNames error would not name the key) */ -}}
+{{- $envMaps := dict "engineEnv" $V.engineEnv -}}
+{{- range $role := splitList " " (include "ray-llm-disagg.roles" $) -}}{{- $_ := set $envMaps (printf "%s.env" $role) (index $V $role).env -}}{{- end -}}
+{{- range $where := keys $envMaps | sortAlpha -}}
+{{- range $k := keys (default dict (index $envMaps $where)) | sortAlpha -}}
+{{- if not (regexMatch "^[A-Za-z_][A-Za-z0-9_]*$" $k) -}}
+{{- $errs = append $errs (printf "%s.%s: not a valid environment variable name." $where $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* Serve options the chart owns */ -}}
 {{- range $k := list "host" "port" -}}
 {{- if hasKey (default dict $V.serve.httpOptions) $k -}}
@@ -227,11 +238,7 @@ app.kubernetes.io/part-of: ray-llm-disagg
 {{- $errs = append $errs (printf "%s.engineArgs.%s: vLLM engine arguments are snake_case (e.g. max_model_len), as in vLLM's AsyncEngineArgs." $role $k) -}}
 {{- end -}}
 {{- end -}}
-{{- range $k := keys (default dict $v.env) | sortAlpha -}}
-{{- if not (regexMatch "^[A-Za-z_][A-Za-z0-9_]*$" $k) -}}
-{{- $errs = append $errs (printf "%s.env.%s: not a valid environment variable name." $role $k) -}}
-{{- end -}}
-{{- end -}}
+
 {{- range $k := keys (default dict $v.rayLabels) | sortAlpha -}}
 {{- if not (regexMatch "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" $k) -}}
 {{- $errs = append $errs (printf "%s.rayLabels.%s: not a valid Kubernetes label key (KubeRay would reject the group)." $role $k) -}}
@@ -391,6 +398,9 @@ app.kubernetes.io/part-of: ray-llm-disagg
 {{- with $V.placement.ingressLabel -}}{{- $_ := set $placement "ingress_label" . -}}{{- end -}}
 {{- $_ := set $args "placement" $placement -}}
 {{- $_ := set $args "ingress" (dict "replicas" (int $V.serveIngress.replicas) "num_cpus" $V.serveIngress.numCpus "max_ongoing_requests" (int $V.serveIngress.maxOngoingRequests)) -}}
+{{- $_ := set $args "env" (deepCopy (default dict $V.engineEnv)) -}}
+{{- $_ := set $args "engine_metrics" $V.engineMetrics -}}
+{{- $_ := set $args "timeouts" (dict "first_token_s" $V.timeouts.firstTokenS "between_tokens_s" $V.timeouts.betweenTokensS) -}}
 {{- toYaml $args -}}
 {{- end -}}
 
