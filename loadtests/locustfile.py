@@ -79,6 +79,8 @@ def _prepare(environment: Environment) -> None:
         client = SetupClient(ep, s.api_key, timeout_s=min(s.request_timeout_s, 120.0))
         model = s.model or client.first_model()
         cal = prompts.calibrate(ServerProbe(client, model, s.api), s.api, s.profile.instruction, s.seed)
+        if cal.max_model_len is None:
+            cal = dataclasses.replace(cal, max_model_len=client.max_model_len(model))
         profile = s.profile
         if cal.max_model_len and profile.input_tokens + profile.output_tokens > cal.max_model_len:
             clamped = profile.clamp_to(cal.max_model_len)

@@ -4,20 +4,24 @@ A prompt is `instruction` followed by random words from a pool (" w1 w2 ..."), w
 chat template (chat API) or sent as-is (completions API). Random words make every prompt unique,
 so the server's prefix cache does not shorten prefills.
 
-Calibration, done once per load-generator process, picks one of three methods:
+Calibration, done once per load-generator process, picks the first method that works:
 
-1. `tokenize-exact` — the server has vLLM's `POST /tokenize`. Tokenize every pool word (with its
-   leading space) and keep the words that are exactly one token; measure the fixed overhead
-   (instruction + chat template + special tokens) by tokenizing the prompt with an empty body;
-   then check that a sample prompt of n such words is exactly overhead + n tokens. With BPE
-   tokenizers that split on spaces (GPT-2/Llama-3 style) that holds, and every prompt then has
-   exactly the target count.
-2. `tokenize-linear` — /tokenize exists but step 1's check fails (e.g. a tokenizer whose words
-   merge across spaces, or fewer than 16 single-token words): tokens per word is measured on a
-   long sample and prompts hit the target on average (typically within a few percent).
-3. `usage-linear` — no /tokenize (e.g. hosted APIs, other servers): two `max_tokens: 1`
-   requests of different lengths give `usage.prompt_tokens`, and a straight line through them
-   gives tokens per word and the overhead. Same accuracy as 2.
+1. `tokenize-exact` — the server has a working vLLM-style `POST /tokenize`. Tokenize every pool
+   word (with its leading space) and keep the words that are exactly one token; measure the fixed
+   overhead (instruction + chat template + special tokens) by tokenizing the prompt with an empty
+   body; then check that a sample prompt of n such words is exactly overhead + n tokens. With
+   tokenizers that do not merge across spaces (byte-level BPE, SentencePiece) that holds, and
+   every prompt then has exactly the target count.
+2. `tokenize-linear` — /tokenize works but step 1's check fails (too few single-token words, or
+   a tokenizer that merges across spaces): tokens per word is measured on a 200-word sample and
+   prompts hit the target on average (typically within a few percent).
+3. `usage-exact` — no usable /tokenize (hosted APIs; Ray Serve LLM 2.58 exposes /tokenize but it
+   fails for chat and, with vLLM 0.26, for completions too): the same single-token-word idea,
+   measured with `usage.prompt_tokens` of `max_tokens: 1` requests: the empty prompt gives the
+   overhead, a body of one word repeated 8 times tells whether that word is one token (about 25
+   requests in all), and a 200-word sample must again add exactly 200 tokens.
+4. `usage-linear` — if that check fails: two probe requests of 16 and 256 random words, and a line
+   through their prompt_tokens. Same accuracy as 2.
 
 Every request's real prompt size is still recorded (usage.prompt_tokens, as the `TTFT` entry's
 content size), so the achieved size is visible whatever the method.
@@ -25,13 +29,16 @@ content size), so the achieved size is visible whatever the method.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .profiles import Api
 
-Method = Literal["tokenize-exact", "tokenize-linear", "usage-linear"]
+log = logging.getLogger("openai_load")
+
+Method = Literal["tokenize-exact", "tokenize-linear", "usage-exact", "usage-linear"]
 
 # Plain lowercase words. Includes the words the project's tiny test model was trained on, so its
 # tokenizer has single tokens for some of them.
@@ -57,6 +64,8 @@ WORD_POOL: tuple[str, ...] = tuple(
 )
 
 MIN_EXACT_WORDS = 16
+USAGE_EXACT_WORDS = 24  # single-token words to collect with usage probes (one request each)
+USAGE_PROBE_LIMIT = 64  # pool words tried at most
 
 
 class TokenizerProbe(Protocol):
@@ -115,30 +124,62 @@ def _sample(rng: random.Random, pool: tuple[str, ...], n: int) -> list[str]:
 
 
 def calibrate(probe: TokenizerProbe, api: Api, instruction: str, seed: int = 0) -> Calibration:
+    """Pick the best method the server supports (see the module docstring)."""
     rng = random.Random(seed)
+    try:
+        cal = _calibrate_by_tokenize(probe, api, instruction, rng)
+    except ProbeUnavailable as e:
+        log.info("prompt calibration: /tokenize not usable (%s); using usage.prompt_tokens", e)
+        cal = None
+    return cal or _calibrate_by_usage(probe, api, instruction, rng)
+
+
+class ProbeUnavailable(Exception):
+    """The server has no working /tokenize for this model."""
+
+
+def _tokens(probe: TokenizerProbe, fragment: dict[str, Any], add_special_tokens: bool | None = None) -> int:
+    got = probe.tokenize(fragment, add_special_tokens=add_special_tokens)
+    if got is None:
+        raise ProbeUnavailable("no /tokenize endpoint")
+    return int(got["count"])
+
+
+def _calibrate_by_tokenize(probe: TokenizerProbe, api: Api, instruction: str,
+                           rng: random.Random) -> Calibration | None:
     empty = probe.tokenize(render(api, instruction, ""))
     if empty is None:
-        return _calibrate_by_usage(probe, api, instruction, rng)
+        raise ProbeUnavailable("no /tokenize endpoint")
     overhead = int(empty["count"])
-    max_len = empty.get("max_model_len")
-    max_len = int(max_len) if max_len else None
-
-    single = tuple(
-        w for w in WORD_POOL
-        if int(probe.tokenize({"prompt": " " + w}, add_special_tokens=False)["count"]) == 1  # type: ignore[index]
-    )
+    max_len = int(empty["max_model_len"]) if empty.get("max_model_len") else None
+    single = tuple(w for w in WORD_POOL if _tokens(probe, {"prompt": " " + w}, add_special_tokens=False) == 1)
     n = 200
     if len(single) >= MIN_EXACT_WORDS:
-        sample = _sample(rng, single, n)
-        got = int(probe.tokenize(render(api, instruction, _body(sample)))["count"])  # type: ignore[index]
-        if got == overhead + n:
+        if _tokens(probe, render(api, instruction, _body(_sample(rng, single, n)))) == overhead + n:
             return Calibration("tokenize-exact", float(overhead), 1.0, single, max_len)
-    sample = _sample(rng, WORD_POOL, n)
-    got = int(probe.tokenize(render(api, instruction, _body(sample)))["count"])  # type: ignore[index]
+    got = _tokens(probe, render(api, instruction, _body(_sample(rng, WORD_POOL, n))))
     return Calibration("tokenize-linear", float(overhead), (got - overhead) / n, WORD_POOL, max_len)
 
 
 def _calibrate_by_usage(probe: TokenizerProbe, api: Api, instruction: str, rng: random.Random) -> Calibration:
+    """From usage.prompt_tokens of `max_tokens: 1` requests.
+
+    `usage-exact`: a body of one word repeated REPEAT times adds exactly REPEAT tokens when the
+    word (with its leading space) is one token; collect USAGE_EXACT_WORDS such words (about that
+    many requests), then check a random 200-word sample of them. Otherwise `usage-linear`.
+    """
+    overhead = probe.prompt_tokens(render(api, instruction, ""))
+    repeat, single = 8, []
+    for w in WORD_POOL[:USAGE_PROBE_LIMIT]:
+        if probe.prompt_tokens(render(api, instruction, _body([w] * repeat))) == overhead + repeat:
+            single.append(w)
+            if len(single) >= USAGE_EXACT_WORDS:
+                break
+    n = 200
+    if len(single) >= MIN_EXACT_WORDS:
+        words = tuple(single)
+        if probe.prompt_tokens(render(api, instruction, _body(_sample(rng, words, n)))) == overhead + n:
+            return Calibration("usage-exact", float(overhead), 1.0, words, None)
     n1, n2 = 16, 256
     p1 = probe.prompt_tokens(render(api, instruction, _body(_sample(rng, WORD_POOL, n1))))
     p2 = probe.prompt_tokens(render(api, instruction, _body(_sample(rng, WORD_POOL, n2))))

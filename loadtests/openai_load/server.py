@@ -77,11 +77,21 @@ class SetupClient:
         except (urllib.error.URLError, OSError) as e:
             raise ServerError(f"{method} {url}: {e}") from e
 
-    def models(self) -> list[str]:
+    def model_cards(self) -> list[dict[str, Any]]:
         code, data = self._call("GET", self.endpoints.v1 + "/models")
-        if code != 200:
+        if code != 200 or not isinstance(data, dict):
             raise ServerError(f"GET {self.endpoints.v1}/models: HTTP {code}: {data}")
-        return [m["id"] for m in data.get("data", [])]
+        return [m for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+
+    def models(self) -> list[str]:
+        return [m["id"] for m in self.model_cards()]
+
+    def max_model_len(self, model: str) -> int | None:
+        """The context length the server reports for `model` (vLLM's model card has it)."""
+        for card in self.model_cards():
+            if card["id"] == model and card.get("max_model_len"):
+                return int(card["max_model_len"])
+        return None
 
     def first_model(self) -> str:
         ids = self.models()
@@ -104,10 +114,10 @@ class ServerProbe:
             body["add_special_tokens"] = add_special_tokens
         url = self.client.endpoints.root + "/tokenize"
         code, data = self.client._call("POST", url, body)
-        if code in (404, 405):
-            return None
         if code != 200 or not isinstance(data, dict) or "count" not in data:
-            raise ServerError(f"POST {url}: HTTP {code}: {data}")
+            # No endpoint (404/405), or one that rejects this model or request form (Ray Serve
+            # LLM 2.58 answers 400): the caller falls back to usage-based calibration.
+            return None
         return data
 
     def prompt_tokens(self, fragment: dict[str, Any]) -> int:

@@ -3,8 +3,8 @@
 The server answers like an OpenAI endpoint but with known timing: the first token after
 FIRST_S, then one token every GAP_S. The measured TTFT/ITL/E2E must match, which they would not
 if the stream were read in fixed-size blocks (Locust's iter_content waits for 1 KiB). It has no
-/tokenize, so prompts are calibrated from usage.prompt_tokens (the `usage-linear` method), and
-its prompt_tokens is exactly linear in words, so calibrated prompts must hit the target exactly.
+/tokenize, so prompts are calibrated from usage.prompt_tokens (the `usage-exact` method: its
+prompt_tokens is one per word), and calibrated prompts must hit the target exactly.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_ttft_itl_e2e_match_the_servers_timing(stub_url: str, tmp_path: Path) ->
     assert run.returncode == 0, run.output[-3000:]
     s = run.summary
     assert s["ok"] == 4 and s["failed"] == 0
-    assert s["calibration"].startswith("usage-linear")
+    assert s["calibration"].startswith("usage-exact")
     assert s["prompt_tokens"]["min"] == s["prompt_tokens"]["max"] == 40
     m = s["metrics"]
     slack = 0.15  # s, for a busy 2-core machine
