@@ -8,7 +8,7 @@
 #   hack/pyenv.sh hash       print the environment hash (no side effects)
 #
 # The venv lives OUTSIDE the work tree, shared by every clone on this machine:
-#   ${RLD_CACHE:-$HOME/.cache/ray-llm-disagg}/venv-<hash of versions.env + pyproject.toml>
+#   ${RLD_CACHE:-$HOME/.cache/ray-llm-disagg}/venv-<hash of versions.env + pyproject.toml's dependency sections>
 # Concurrent callers serialise on a flock; a finished venv has a marker file and is reused in well under 2 s.
 #
 # Recipe (shared/notes/stack-ray258-vllm026.md §1, PyPI only):
@@ -25,7 +25,16 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # RLD_ROOT, RLD_CACHE, versions.env, rld::log/die/timed
 ROOT=$RLD_ROOT
 CACHE=$RLD_CACHE
-HASH=$(cat "$ROOT/versions.env" "$ROOT/pyproject.toml" | sha256sum | cut -c1-12)
+RECIPE_VERSION=1  # bump when the install recipe below changes
+# What the venv depends on: versions.env, the dependency sections of pyproject.toml (not pytest or
+# other tool settings, so editing those does not rebuild 7 GB) and this recipe.
+deps_fingerprint() {
+  cat "$ROOT/versions.env"
+  awk '/^\[/ { keep = ($0 == "[project]" || $0 == "[project.optional-dependencies]" || $0 == "[tool.rld]") } keep' \
+    "$ROOT/pyproject.toml"
+  echo "recipe=$RECIPE_VERSION"
+}
+HASH=$(deps_fingerprint | sha256sum | cut -c1-12)
 VENV="$CACHE/venv-$HASH"
 MARKER="$VENV/.rld-complete"
 LOCK="$CACHE/venv-$HASH.lock"
