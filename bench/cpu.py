@@ -65,9 +65,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-ttft-ratio", type=float, default=1.25,
                    help="target for aggregated TTFT p50 / direct vLLM TTFT p50 at the lowest concurrency")
     p.add_argument("--strict", action="store_true", help="exit 1 when that target is missed")
+    p.add_argument("--app-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for the app modes' Ray cluster (every replica inherits it), "
+                        "e.g. RAYLLM_MODEL_RESPONSE_BATCH_TIMEOUT_MS=0 to try a setting; repeatable")
     a = p.parse_args(argv)
     if not 5 <= a.duration <= 600:
         p.error("--duration must be between 5 and 600 seconds")
+    env = {}
+    for item in a.app_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--app-env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    a.app_env = env
     return a
 
 
@@ -81,10 +91,10 @@ def preflight() -> None:
         log(f"WARNING: load average {load1:.2f} on {os.cpu_count()} cores: other work will skew the numbers")
 
 
-def serve(mode: str, model_path: str, out: Path) -> ServerProcess:
+def serve(mode: str, model_path: str, out: Path, app_env: dict[str, str]) -> ServerProcess:
     if mode == "vllm":
         return vllm_server(VLLM_PORT, model_path, out / "server-vllm.log")
-    return app_server(mode, APP_PORT, out / f"server-{mode}.log")
+    return app_server(mode, APP_PORT, out / f"server-{mode}.log", app_env)
 
 
 def write_results(out: Path, args: argparse.Namespace, results: list[LevelResult], startup: dict[str, float],
@@ -93,6 +103,7 @@ def write_results(out: Path, args: argparse.Namespace, results: list[LevelResult
         "workload": asdict(Workload(args.api, args.input_tokens, args.output_tokens, args.duration)),
         "concurrency": args.concurrency,
         "modes": args.modes,
+        "app_env": args.app_env,
         "startup_s": startup,
         "wall_s": time.monotonic() - started,
         "cpu_count": os.cpu_count(),
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[LevelResult] = []
     startup: dict[str, float] = {}
     for mode in args.modes:
-        server = serve(mode, model_path, out)
+        server = serve(mode, model_path, out, args.app_env)
         log(f"{mode}: starting ({' '.join(server.cmd[1:4])} ...)")
         try:
             server.start()
@@ -139,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         write_results(out, args, results, startup, started)
 
     title = (f"tiny model on {os.cpu_count()} CPU cores: {w.api} {w.input_tokens}->{w.output_tokens} tokens, "
-             f"{w.duration_s} s per level")
+             f"{w.duration_s} s per level"
+             + (f"; app env {' '.join(f'{k}={v}' for k, v in args.app_env.items())}" if args.app_env else ""))
     md = report.table(results)
     ratio = report.ttft_ratio_at(results, "aggregated", min(args.concurrency))
     verdict = ("n/a" if math.isnan(ratio) else

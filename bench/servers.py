@@ -132,9 +132,9 @@ def vllm_server(port: int, model_path: str, log_path: Path) -> ServerProcess:
     return ServerProcess("vllm", cmd, env, log_path, f"http://{HOST}:{port}/v1")
 
 
-def app_server(mode: str, port: int, log_path: Path) -> ServerProcess:
+def app_server(mode: str, port: int, log_path: Path, extra_env: Optional[dict[str, str]] = None) -> ServerProcess:
     cmd = [sys.executable, "-m", "bench.app_server", "--mode", mode, "--port", str(port)]
-    env = dict(os.environ)
+    env = dict(os.environ, **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return ServerProcess(mode, cmd, env, log_path, f"http://{HOST}:{port}/v1")
 
