@@ -130,7 +130,7 @@ def check(values: dict, docs: dict[str, str], schema: dict) -> list[str]:
         fixed = node.get("properties") or {}
         if isinstance(val, dict) and fixed:
             for k in fixed:
-                if k not in val and k != "global":
+                if k not in val:
                     problems.append(f"{'.'.join(path + [k])}: in values.schema.json but not in values.yaml")
             for k, v in val.items():
                 p = path + [k]

@@ -54,7 +54,35 @@ def hosts(v: dict, role: str) -> int:
     return tp * pp // g
 
 
+def user_labels(v: dict) -> dict:
+    """commonLabels over global.commonLabels (an umbrella chart sets the latter once for all copies)."""
+    return {**((v.get("global") or {}).get("commonLabels") or {}), **(v.get("commonLabels") or {})}
+
+
+def pull_secrets(v: dict) -> list[dict]:
+    out, seen = [], set()
+    for s in (v.get("imagePullSecrets") or []) + ((v.get("global") or {}).get("imagePullSecrets") or []):
+        if s["name"] not in seen:
+            seen.add(s["name"])
+            out.append(s)
+    return out
+
+
+def check_labels_and_pull_secrets(r: Rendered) -> None:
+    want = user_labels(r.values)
+    pods = [r.head["template"]] + [g["template"] for g in r.groups.values()]
+    pods += [p for p in r.all("Pod")]
+    for d in r.docs:
+        labels = d["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == r.release
+        assert labels.items() >= want.items(), (d["kind"], labels)
+    for tpl in pods:
+        assert tpl["metadata"]["labels"].items() >= want.items()
+        assert (tpl["spec"].get("imagePullSecrets") or []) == pull_secrets(r.values)
+
+
 def check_all(r: Rendered) -> None:
+    check_labels_and_pull_secrets(r)
     check_rayservice(r)
     check_head(r)
     for role in roles_of(r.values):

@@ -98,6 +98,10 @@ MATRIX: dict[str, dict] = {
                                     "timeouts": {"firstTokenS": 900, "betweenTokensS": 12.5}},
     "service-nlb": {"service": {"type": "LoadBalancer", "annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}}},
     "capabilities-never": {"capabilitiesCheck": "never"},
+    "umbrella-globals": {"global": {"commonLabels": {"ray-llm-disagg.io/umbrella": "u", "team": "global"},
+                                    "imagePullSecrets": [{"name": "regcred"}, {"name": "own"}], "otherChartSetting": 1},
+                         "commonLabels": {"team": "ml"}, "imagePullSecrets": [{"name": "own"}]},
+    "common-labels-and-pull-secrets": {"commonLabels": {"cost-center": "42"}, "imagePullSecrets": [{"name": "ecr"}]},
 }
 
 
@@ -269,3 +273,14 @@ def test_kubeconform_really_checks_the_kuberay_schema():
     proc = kubeconform(yaml.safe_dump_all(docs))
     assert proc.returncode != 0
     assert "numHosts" in proc.stdout
+
+
+def test_global_values_from_an_umbrella_chart():
+    """global.commonLabels reach every object and pod under commonLabels; global pull secrets are appended."""
+    r = render(values=MATRIX["umbrella-globals"])
+    for d in r.docs:
+        assert d["metadata"]["labels"]["ray-llm-disagg.io/umbrella"] == "u"
+        assert d["metadata"]["labels"]["team"] == "ml", "the chart's own commonLabels win"
+    for g in r.groups.values():
+        assert g["template"]["metadata"]["labels"]["team"] == "ml"
+        assert g["template"]["spec"]["imagePullSecrets"] == [{"name": "own"}, {"name": "regcred"}]

@@ -9,6 +9,9 @@ template:
     labels:
       {{- include "ray-llm-disagg.selectorLabels" . | nindent 6 }}
       app.kubernetes.io/component: head
+      {{- with include "ray-llm-disagg.userLabels" . }}
+      {{- . | nindent 6 }}
+      {{- end }}
       {{- with $V.head.podLabels }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
@@ -18,9 +21,9 @@ template:
     {{- end }}
   spec:
     serviceAccountName: {{ include "ray-llm-disagg.serviceAccountName" . }}
-    {{- with $V.imagePullSecrets }}
+    {{- with include "ray-llm-disagg.imagePullSecrets" . }}
     imagePullSecrets:
-      {{- toYaml . | nindent 6 }}
+      {{- . | nindent 6 }}
     {{- end }}
     {{- with $V.head.nodeSelector }}
     nodeSelector:

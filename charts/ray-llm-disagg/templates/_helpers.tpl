@@ -35,6 +35,32 @@ app.kubernetes.io/name: {{ include "ray-llm-disagg.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The chart's global values (set once by an umbrella chart); an empty map when there are none. */}}
+{{- define "ray-llm-disagg.global" -}}
+{{- toYaml (default dict .Values.global) -}}
+{{- end -}}
+
+{{/* User labels for every object and pod: commonLabels over global.commonLabels (YAML, may be empty). */}}
+{{- define "ray-llm-disagg.userLabels" -}}
+{{- $global := include "ray-llm-disagg.global" . | fromYaml -}}
+{{- $labels := merge (deepCopy (default dict .Values.commonLabels)) (deepCopy (default dict $global.commonLabels)) -}}
+{{- with $labels -}}{{- toYaml . -}}{{- end -}}
+{{- end -}}
+
+{{/* Image pull secrets: imagePullSecrets plus global.imagePullSecrets, first occurrence of a name wins (YAML list, may be empty). */}}
+{{- define "ray-llm-disagg.imagePullSecrets" -}}
+{{- $global := include "ray-llm-disagg.global" . | fromYaml -}}
+{{- $seen := dict -}}
+{{- $out := list -}}
+{{- range concat (default list .Values.imagePullSecrets) (default list $global.imagePullSecrets) -}}
+{{- if not (hasKey $seen .name) -}}
+{{- $_ := set $seen .name true -}}
+{{- $out = append $out . -}}
+{{- end -}}
+{{- end -}}
+{{- with $out -}}{{- toYaml . -}}{{- end -}}
+{{- end -}}
+
 {{/* Common labels. */}}
 {{- define "ray-llm-disagg.labels" -}}
 helm.sh/chart: {{ include "ray-llm-disagg.chart" . }}
@@ -42,8 +68,8 @@ helm.sh/chart: {{ include "ray-llm-disagg.chart" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: ray-llm-disagg
-{{- with .Values.commonLabels }}
-{{ toYaml . }}
+{{- with include "ray-llm-disagg.userLabels" . }}
+{{ . }}
 {{- end }}
 {{- end -}}
 

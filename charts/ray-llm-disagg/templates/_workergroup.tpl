@@ -41,6 +41,9 @@ role-specific except the name and the Ray node label that carries it.
         {{- include "ray-llm-disagg.selectorLabels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ $role }}
         {{ $V.placement.roleLabelKey }}: {{ $role }}
+        {{- with include "ray-llm-disagg.userLabels" $root }}
+        {{- . | nindent 8 }}
+        {{- end }}
         {{- with $v.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -50,9 +53,9 @@ role-specific except the name and the Ray node label that carries it.
       {{- end }}
     spec:
       serviceAccountName: {{ include "ray-llm-disagg.serviceAccountName" $root }}
-      {{- with $V.imagePullSecrets }}
+      {{- with include "ray-llm-disagg.imagePullSecrets" $root }}
       imagePullSecrets:
-        {{- toYaml . | nindent 8 }}
+        {{- . | nindent 8 }}
       {{- end }}
       {{- with $v.priorityClassName }}
       priorityClassName: {{ . }}
