@@ -1,6 +1,6 @@
 """Fixtures for the load-test suite: a real OpenAI server on loopback and a Locust runner.
 
-`llm_server` (session) serves the tiny model with OUR app, aggregated mode, through the local
+`llm_server` (module scope) serves the tiny model with OUR app, aggregated mode, through the local
 launcher (serve_app.local.stack.LocalStack: loopback Ray cluster + serve config + build_app), on a
 port plan of its own. Set RLD_LOADTEST_SERVER=vllm to use vLLM's own OpenAI server instead (also
 the fallback when the launcher is not importable), or RLD_LOADTEST_URL=http://127.0.0.1:PORT to
@@ -85,7 +85,7 @@ def _stop_vllm(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # only test_loadtest_e2e.py uses it: stopped before other suites start theirs
 def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     external = os.environ.get("RLD_LOADTEST_URL")
     if external:
