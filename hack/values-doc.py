@@ -4,6 +4,8 @@
     hack/values-doc.py            # markdown table on stdout (README "Values reference")
     hack/values-doc.py --check    # exit 1 if a key lacks a `# --` comment, or values.yaml and
                                   # values.schema.json disagree on which keys exist
+    hack/values-doc.py --write FILE   # replace the table between the values-table markers in FILE
+                                      # (charts/ray-llm-disagg/README.md)
 
 Comment form (helm-docs style): a `# -- text` line directly above a key documents that key;
 following `#` lines continue the text. A section key (a map whose keys are all documented) needs
@@ -24,6 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "ray-llm-disagg"
 
+START, END = "<!-- values-table:start -->", "<!-- values-table:end -->"
 KEY_RE = re.compile(r"^(?P<indent> *)(?P<key>[^\s#\-][^:#]*?|\"[^\"]+\"|'[^']+'):(?:\s|$)")
 
 
@@ -156,6 +159,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only check that every key is documented")
     ap.add_argument("--chart", type=Path, default=CHART)
+    ap.add_argument("--write", type=Path, metavar="FILE", help="update the table between the markers in FILE")
     a = ap.parse_args()
     text = (a.chart / "values.yaml").read_text()
     values = yaml.safe_load(text)
@@ -167,7 +171,16 @@ def main() -> int:
             print(p, file=sys.stderr)
         print(f"{len(docs)} documented keys, {len(problems)} problem(s)", file=sys.stderr)
         return 1 if problems else 0
-    print(table(values, docs, schema))
+    out = table(values, docs, schema)
+    if a.write:
+        text = a.write.read_text()
+        start, end = text.find(START), text.find(END)
+        if start < 0 or end < start:
+            print(f"{a.write}: markers {START} ... {END} not found", file=sys.stderr)
+            return 1
+        a.write.write_text(text[: start + len(START)] + "\n" + out + "\n" + text[end:])
+        return 0
+    print(out)
     return 0
 
 

@@ -157,3 +157,11 @@ def test_notes_with_ingress():
     assert "get ingress llm-ray-llm-disagg" in notes
     assert "BASE_URL=http://llm.example.com" in notes
     assert "port-forward svc/llm-ray-llm-disagg-serve-svc" not in notes
+
+
+def test_chart_readme_values_table_is_current():
+    proc = subprocess.run([sys.executable, str(VALUES_DOC)], capture_output=True, text=True, timeout=60)
+    readme = (CHART / "README.md").read_text()
+    start, end = "<!-- values-table:start -->", "<!-- values-table:end -->"
+    block = readme[readme.index(start) + len(start): readme.index(end)].strip()
+    assert block == proc.stdout.strip(), "stale: run hack/values-doc.py --write charts/ray-llm-disagg/README.md"
