@@ -284,3 +284,17 @@ def test_global_values_from_an_umbrella_chart():
     for g in r.groups.values():
         assert g["template"]["metadata"]["labels"]["team"] == "ml"
         assert g["template"]["spec"]["imagePullSecrets"] == [{"name": "own"}, {"name": "regcred"}]
+
+
+def test_set_flags_work_like_values_files():
+    """`--set` gives int64 where values files give float64: the template arithmetic handles both."""
+    flags = ["--set", "kvTransfer.connector=NixlPushConnector", "--set", "prefill.tensorParallelSize=8",
+             "--set", "prefill.pipelineParallelSize=2", "--set", "prefill.gpusPerHost=8",
+             "--set", "decode.tensorParallelSize=8", "--set", "decode.gpusPerHost=8", "--set", "decode.replicas=3",
+             "--set", "prefill.engineArgs.max_model_len=4096", "--set", "efa.enabled=true", "--set", "efa.devicesPerHost=16"]
+    r = render(values={}, extra=flags)
+    assert r.groups["prefill"]["numOfHosts"] == 2
+    assert r.groups["decode"]["replicas"] == 3
+    assert r.args["prefill"]["engine_args"]["max_model_len"] == 4096
+    assert r.args["prefill"]["side_channel_port"] == 20000
+    assert container(r.groups["decode"]["template"])["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
