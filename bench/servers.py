@@ -53,6 +53,7 @@ class ServerProcess:
     env: dict[str, str]
     log_path: Path
     base_url: str  # http://127.0.0.1:PORT/v1
+    ready_marker: Optional[bytes] = None  # a log line that must appear first (the app launcher's READY)
     proc: Optional[subprocess.Popen[bytes]] = None
     started_s: float = 0.0
     ready_s: float = 0.0
@@ -65,15 +66,27 @@ class ServerProcess:
         self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=REPO_ROOT, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
+    def _marker_seen(self) -> bool:
+        if self.ready_marker is None:
+            return True
+        try:
+            return self.ready_marker in self.log_path.read_bytes()
+        except OSError:
+            return False
+
     def wait_ready(self, timeout_s: float) -> float:
-        """Poll GET /v1/models until 200; returns seconds since start. Raises with the log tail."""
+        """Wait for the ready marker in the log (if any), then for GET /v1/models to answer 200.
+
+        For the app, /v1/models answers as soon as the ingress is up, before the engine replica is;
+        the launcher's READY line comes after Serve reports RUNNING and a warm-up request.
+        Returns seconds since start; raises with the log tail."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerStartError(f"{self.mode} server exited with {self.proc.returncode} before it was "
                                        f"ready; log {self.log_path}:\n{self.log_tail()}")
-            if _http_ok(self.base_url + "/models"):
+            if self._marker_seen() and _http_ok(self.base_url + "/models"):
                 self.ready_s = time.monotonic() - self.started_s
                 return self.ready_s
             time.sleep(1.0)
@@ -136,7 +149,8 @@ def app_server(mode: str, port: int, log_path: Path, extra_env: Optional[dict[st
     cmd = [sys.executable, "-m", "bench.app_server", "--mode", mode, "--port", str(port)]
     env = dict(os.environ, **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    return ServerProcess(mode, cmd, env, log_path, f"http://{HOST}:{port}/v1")
+    return ServerProcess(mode, cmd, env, log_path, f"http://{HOST}:{port}/v1",
+                         ready_marker=b"bench.app_server: READY")
 
 
 def tiny_model_path() -> str:

@@ -78,7 +78,9 @@ def _prepare(environment: Environment) -> None:
             return
         client = SetupClient(ep, s.api_key, timeout_s=min(s.request_timeout_s, 120.0))
         model = s.model or client.first_model()
+        t0 = time.monotonic()
         cal = prompts.calibrate(ServerProbe(client, model, s.api), s.api, s.profile.instruction, s.seed)
+        log.info("prompt calibration took %.1f s", time.monotonic() - t0)
         if cal.max_model_len is None:
             cal = dataclasses.replace(cal, max_model_len=client.max_model_len(model))
         profile = s.profile
@@ -294,7 +296,12 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
         return
     s = RUN.settings
     if s is None:
-        return  # setup failed (exit code already 2) or the test never started
+        if RUN.setup_error is None and not isinstance(environment.runner, MasterRunner):
+            # e.g. -t expired while calibration requests were still waiting on the server
+            log.error("the run ended before load-test setup finished (is the server ready? is -t "
+                      "long enough for the calibration requests?)")
+            environment.process_exit_code = 2
+        return
     summary: dict[str, Any] = {
         "host": environment.host,
         "model": RUN.model,

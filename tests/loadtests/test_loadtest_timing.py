@@ -121,6 +121,7 @@ def test_mid_stream_error_event_is_a_failure(stub_url: str, tmp_path: Path) -> N
 
 
 def test_unreachable_server_fails_setup_with_exit_2(tmp_path: Path) -> None:
-    run = run_locust("http://127.0.0.1:9", tmp_path, users=1, run_time_s=5, max_requests=1)
+    # a long -t: setup failure must end the run at once, not the time limit
+    run = run_locust("http://127.0.0.1:9", tmp_path, users=1, run_time_s=60, max_requests=1, timeout_s=60)
     assert run.returncode == 2
     assert "load-test setup failed" in run.output and "127.0.0.1:9/v1/models" in run.output
