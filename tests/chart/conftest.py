@@ -228,15 +228,34 @@ def render_error(values_files: Iterable[Path] = (), values: Optional[dict | list
     return err
 
 
-def kubeconform(manifests: str) -> subprocess.CompletedProcess:
-    """Validate manifests offline: KubeRay v1.5.0 CRD schemas + Kubernetes core schemas, -strict."""
+def _kubeconform_cmd() -> list[str]:
+    """kubeconform, offline: KubeRay CRD schemas + Kubernetes core schemas from the cache, -strict,
+    never the default (remote) schema location."""
     k8s, kuberay = schema_dir("k8s"), schema_dir("kuberay")
-    cmd = [tool("kubeconform"), "-strict", "-summary", "-output", "json",
-           "-kubernetes-version", KUBE_VERSION,
-           "-schema-location", f"{k8s}/{{{{.ResourceKind}}}}{{{{.KindSuffix}}}}.json",
-           "-schema-location", f"{kuberay}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json",
-           "-"]
-    return subprocess.run(cmd, input=manifests, capture_output=True, text=True, timeout=120)
+    return [tool("kubeconform"), "-strict", "-summary", "-output", "json",
+            "-kubernetes-version", KUBE_VERSION,
+            "-schema-location", f"{k8s}/{{{{.ResourceKind}}}}{{{{.KindSuffix}}}}.json",
+            "-schema-location", f"{kuberay}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json"]
+
+
+def kubeconform(manifests: str) -> subprocess.CompletedProcess:
+    """Validate one stream of manifests."""
+    return subprocess.run(_kubeconform_cmd() + ["-"], input=manifests, capture_output=True, text=True, timeout=120)
+
+
+def kubeconform_many(manifests: dict[str, str]) -> dict[str, list[dict]]:
+    """Validate several renders in ONE kubeconform run (schemas load once); per-resource results by name."""
+    with tempfile.TemporaryDirectory(prefix="rld-kc-") as tmp:
+        paths = {}
+        for i, (name, text) in enumerate(manifests.items()):
+            paths[str(Path(tmp) / f"{i:03d}.yaml")] = name
+            Path(tmp, f"{i:03d}.yaml").write_text(text)
+        proc = subprocess.run(_kubeconform_cmd() + ["-verbose", *paths], capture_output=True, text=True, timeout=600)
+    report = json.loads(proc.stdout)
+    out: dict[str, list[dict]] = {name: [] for name in manifests}
+    for res in report["resources"]:
+        out[paths[res["filename"]]].append(res)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
