@@ -60,8 +60,11 @@ class LevelResult:
 
 
 def run_level(mode: str, base_url: str, concurrency: int, w: Workload, out_dir: Path,
-              seed: int = 0) -> LevelResult:
-    """One headless Locust run with `concurrency` closed-loop users; raises if Locust fails."""
+              seed: int = 0, calibration: Path | None = None) -> LevelResult:
+    """One headless Locust run with `concurrency` closed-loop users; raises if Locust fails.
+
+    The prompt calibration is kept in `calibration` (default <out_dir>/<mode>.calibration.json):
+    the warm-up makes it, the measured levels reuse it, so no level spends its time on it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"{mode}_c{concurrency}"
     summary_path = stem.with_suffix(".summary.json")
@@ -69,6 +72,7 @@ def run_level(mode: str, base_url: str, concurrency: int, w: Workload, out_dir: 
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
            "-H", base_url, "-u", str(concurrency), "-r", str(concurrency), "--seed", str(seed),
            "--csv", str(stem), "--html", str(html), "--summary-json", str(summary_path),
+           "--calibration-file", str(calibration or out_dir / f"{mode}.calibration.json"),
            "--loglevel", "WARNING", *w.locust_args()]
     load = os.getloadavg()
     timeout = w.duration_s + w.stop_timeout_s + 120
@@ -88,4 +92,4 @@ def warm_up(mode: str, base_url: str, w: Workload, out_dir: Path) -> None:
     """A few requests of the same workload, not measured (first-request costs, caches)."""
     wu = Workload(api=w.api, input_tokens=w.input_tokens, output_tokens=w.output_tokens,
                   duration_s=60, max_requests=4, stop_timeout_s=10)
-    run_level(mode, base_url, 1, wu, out_dir / "warmup")
+    run_level(mode, base_url, 1, wu, out_dir / "warmup", calibration=out_dir / f"{mode}.calibration.json")

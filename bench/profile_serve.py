@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                     [py_spy, "record", "--pid", str(p.pid), "--duration", str(a.duration + 5), "--rate",
                      str(a.rate), "--format", "raw", "--nonblocking", "--output", str(dest)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-        level = run_level(a.mode, server.base_url, 1, w, out / "profiled")
+        level = run_level(a.mode, server.base_url, 1, w, out / "profiled",
+                          calibration=out / f"{a.mode}.calibration.json")
         for _, _, sp in spies:
             try:
                 sp.wait(timeout=a.duration + 60)

@@ -78,9 +78,7 @@ def _prepare(environment: Environment) -> None:
             return
         client = SetupClient(ep, s.api_key, timeout_s=min(s.request_timeout_s, 120.0))
         model = s.model or client.first_model()
-        t0 = time.monotonic()
-        cal = prompts.calibrate(ServerProbe(client, model, s.api), s.api, s.profile.instruction, s.seed)
-        log.info("prompt calibration took %.1f s", time.monotonic() - t0)
+        cal = _calibration(client, model, ep, s)
         if cal.max_model_len is None:
             cal = dataclasses.replace(cal, max_model_len=client.max_model_len(model))
         profile = s.profile
@@ -96,6 +94,29 @@ def _prepare(environment: Environment) -> None:
         RUN.factory = prompts.PromptFactory(cal, s.api, s.profile.instruction)
         log.info("model %s, api %s, profile %s (%d prompt -> %d output tokens), prompt calibration %s",
                  model, s.api, s.profile.name, s.profile.input_tokens, s.profile.output_tokens, cal.describe())
+
+
+def _calibration(client: SetupClient, model: str, ep: Endpoints, s: options.Settings) -> prompts.Calibration:
+    """Calibrate, or reuse --calibration-file when it was made for this server/model/API/workload."""
+    key = {"root": ep.root, "model": model, "api": s.api, "instruction": s.profile.instruction}
+    path = s.calibration_file
+    if path:
+        try:
+            with open(path) as f:
+                stored = json.load(f)
+            if stored.get("key") == key:
+                cal = prompts.Calibration.from_json(stored["calibration"])
+                log.info("prompt calibration reused from %s", path)
+                return cal
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # missing or stale: calibrate again
+    t0 = time.monotonic()
+    cal = prompts.calibrate(ServerProbe(client, model, s.api), s.api, s.profile.instruction, s.seed)
+    log.info("prompt calibration took %.1f s", time.monotonic() - t0)
+    if path:
+        with open(path, "w") as f:
+            json.dump({"key": key, "calibration": cal.to_json()}, f)
+    return cal
 
 
 @events.test_start.add_listener

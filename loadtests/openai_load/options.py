@@ -39,6 +39,9 @@ def register(parser: Any) -> None:
     g.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds a request may wait on the network before it fails")
     g.add_argument("--seed", type=int, default=0, help="seed of the prompt generator")
+    g.add_argument("--calibration-file", default="", include_in_web_ui=False,
+                   help="reuse the prompt calibration stored in this JSON file if it was made for the same "
+                        "server, model, API and workload; otherwise calibrate and store it there")
     g.add_argument("--summary-json", default="", include_in_web_ui=False,
                    help="write exact percentiles, throughput and the SLO verdict to this JSON file")
     # SLO thresholds: with any of them set, the exit code is 0 when all pass and 3 when one fails.
@@ -79,6 +82,7 @@ class Settings:
     request_timeout_s: float
     seed: int
     summary_json: str | None
+    calibration_file: str | None
     thresholds: Thresholds
 
     @classmethod
@@ -103,6 +107,7 @@ class Settings:
             request_timeout_s=float(getattr(o, "request_timeout", 300.0) or 300.0),
             seed=int(getattr(o, "seed", 0) or 0),
             summary_json=(getattr(o, "summary_json", "") or None),
+            calibration_file=(getattr(o, "calibration_file", "") or None),
             thresholds=Thresholds(
                 ttft_p95_ms=_opt_float(getattr(o, "slo_ttft_p95_ms", None)),
                 itl_p95_ms=_opt_float(getattr(o, "slo_itl_p95_ms", None)),

@@ -107,6 +107,15 @@ class Calibration:
             )
         return n
 
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "overhead": self.overhead, "tokens_per_word": self.tokens_per_word,
+                "words": list(self.words), "max_model_len": self.max_model_len}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Calibration:
+        return cls(d["method"], float(d["overhead"]), float(d["tokens_per_word"]), tuple(d["words"]),
+                   d.get("max_model_len"))
+
     def describe(self) -> str:
         return (
             f"{self.method}: overhead {self.overhead:.1f} tokens, {self.tokens_per_word:.3f} tokens/word, "

@@ -125,3 +125,17 @@ def test_unreachable_server_fails_setup_with_exit_2(tmp_path: Path) -> None:
     run = run_locust("http://127.0.0.1:9", tmp_path, users=1, run_time_s=60, max_requests=1, timeout_s=60)
     assert run.returncode == 2
     assert "load-test setup failed" in run.output and "127.0.0.1:9/v1/models" in run.output
+
+
+def test_calibration_file_is_reused_only_for_the_same_setup(stub_url: str, tmp_path: Path) -> None:
+    cal = tmp_path / "cal.json"
+    args = ("--input-tokens", "30", "--output-tokens", "2", "--calibration-file", str(cal))
+    first = run_locust(stub_url, tmp_path / "a", *args, run_time_s=10, max_requests=1)
+    assert first.returncode == 0 and "prompt calibration took" in first.output
+    assert json.loads(cal.read_text())["calibration"]["method"] == "usage-exact"
+    second = run_locust(stub_url, tmp_path / "b", *args, run_time_s=10, max_requests=1)
+    assert second.returncode == 0 and "prompt calibration reused" in second.output
+    assert second.summary["prompt_tokens"]["min"] == 30
+    # another workload (instruction) must not reuse it
+    third = run_locust(stub_url, tmp_path / "c", *args, "--workload", "summarize", run_time_s=10, max_requests=1)
+    assert third.returncode == 0 and "prompt calibration took" in third.output
