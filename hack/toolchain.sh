@@ -10,6 +10,7 @@
 #
 # Versions come from versions.env. Go caches stay at their defaults (~/go, ~/.cache/go-build).
 set -euo pipefail
+# shellcheck source=hack/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Build order matters: helm is needed first by the chart work; the k8s binaries take longest.
@@ -159,7 +160,7 @@ etcd_build() {
   local w="$WRAPPERS/etcd"
   ensure_wrapper "$w" "go.etcd.io/etcd/server/v3 $ETCD_VERSION" gen_etcd_wrapper
   go_build_in_wrapper "$w" "$(etcd_dir)" "" go.etcd.io/etcd/server/v3
-  mv "$(etcd_dir)/v3" "$(etcd_dir)/etcd"
+  mv "$(etcd_dir)/server" "$(etcd_dir)/etcd"   # go names the binary after the package dir, server/
 }
 gen_etcd_wrapper() {
   printf 'module ray-llm-disagg.local/etcd-wrapper\n\ngo 1.24.0\n' > go.mod
@@ -204,7 +205,8 @@ gen_k8s_wrapper() {
     done
     echo ")"
   } > go.mod
-  go get -tool $(printf "k8s.io/kubernetes/cmd/%s@$K8S_VERSION " "${K8S_BINARIES[@]}")
+  local pkgs=("${K8S_BINARIES[@]/#/k8s.io/kubernetes/cmd/}")
+  go get -tool "${pkgs[@]/%/@$K8S_VERSION}"   # an explicit version: without it go get takes the newest
 }
 
 # ensure_wrapper DIR "MODULE VERSION" GENERATOR: (re)generate DIR/go.mod with GENERATOR unless it already requires that version.
