@@ -8,6 +8,10 @@ drives each with the same Locust workload over a concurrency ladder (closed loop
 and request count, loopback only), then prints a table with every figure's ratio to direct vLLM
 and writes into bench/out/<timestamp>/: table.md, results.json, latency.png, and per level the
 Locust HTML report, CSV files, summary JSON and log, plus each server's log.
+
+vLLM stays up, idle, while the aggregated app is measured; then a paired phase sends the same
+prompts to both, alternately, one at a time (--paired N): a TTFT comparison at 1 user that
+background load on a shared machine cannot skew, unlike two ladders run minutes apart.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from pathlib import Path
 
 from bench import report
 from bench.ladder import LevelResult, Workload, run_level, warm_up
+from bench.paired import PairedResult, paired_ttft
 from bench.servers import MODES, REPO_ROOT, ServerProcess, app_server, port_in_use, tiny_model_path, vllm_server
+from loadtests.openai_load.prompts import Calibration
 
 VLLM_PORT = 8470
 APP_PORT = 8471
@@ -49,7 +55,7 @@ def _modes(text: str) -> list[str]:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise argparse.ArgumentTypeError(f"modes must be among {', '.join(MODES)}; got {text!r}")
-    return modes
+    return [m for m in MODES if m in modes]  # always vllm first: it is the baseline of the paired phase
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-ttft-ratio", type=float, default=1.25,
                    help="target for aggregated TTFT p50 / direct vLLM TTFT p50 at the lowest concurrency")
     p.add_argument("--strict", action="store_true", help="exit 1 when that target is missed")
+    p.add_argument("--paired", type=int, default=30,
+                   help="after the aggregated ladder, send this many identical prompts to vLLM and the app "
+                        "alternately at 1 user (robust to background load; 0: skip)")
     p.add_argument("--app-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for the app modes' Ray cluster (every replica inherits it), "
                         "e.g. RAYLLM_MODEL_RESPONSE_BATCH_TIMEOUT_MS=0 to try a setting; repeatable")
@@ -98,7 +107,7 @@ def serve(mode: str, model_path: str, out: Path, app_env: dict[str, str]) -> Ser
 
 
 def write_results(out: Path, args: argparse.Namespace, results: list[LevelResult], startup: dict[str, float],
-                  started: float) -> None:
+                  started: float, paired: PairedResult | None = None) -> None:
     data = {
         "workload": asdict(Workload(args.api, args.input_tokens, args.output_tokens, args.duration)),
         "concurrency": args.concurrency,
@@ -107,6 +116,7 @@ def write_results(out: Path, args: argparse.Namespace, results: list[LevelResult
         "startup_s": startup,
         "wall_s": time.monotonic() - started,
         "cpu_count": os.cpu_count(),
+        "paired": asdict(paired) if paired else None,
         "levels": [
             {"mode": r.mode, "concurrency": r.concurrency, **r.row(), "locust_exit_code": r.exit_code,
              "loadavg_before": r.loadavg_before, "html": str(r.html.relative_to(out)),
@@ -129,10 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{w.duration_s} s per level, users {args.concurrency}, modes {args.modes}")
     results: list[LevelResult] = []
     startup: dict[str, float] = {}
-    for mode in args.modes:
-        server = serve(mode, model_path, out, args.app_env)
-        log(f"{mode}: starting ({' '.join(server.cmd[1:4])} ...)")
-        try:
+    paired: PairedResult | None = None
+    # vLLM stays up (idle) while the aggregated app is measured, so that both can then be compared
+    # request by request (paired phase); every other server is stopped before the next starts.
+    keep_vllm = args.paired > 0 and "vllm" in args.modes and "aggregated" in args.modes
+    running: dict[str, ServerProcess] = {}
+    try:
+        for mode in args.modes:
+            server = serve(mode, model_path, out, args.app_env)
+            running[mode] = server
+            log(f"{mode}: starting ({' '.join(server.cmd[1:4])} ...)")
             server.start()
             startup[mode] = server.wait_ready(READY_TIMEOUT_S[mode])
             log(f"{mode}: ready in {startup[mode]:.0f} s at {server.base_url}; warming up")
@@ -144,10 +160,20 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{mode} c={c}: TTFT p50 {row['ttft_p50_ms']:.1f} ms, ITL p50 {row['itl_p50_ms']:.2f} ms, "
                     f"{row['requests_per_s']:.2f} req/s, {row['output_tokens_per_s']:.0f} tok/s, "
                     f"errors {row['error_rate']:.1%} ({int(row['requests'])} requests)")
-        finally:
-            log(f"{mode}: stopping")
+            if mode == "aggregated" and keep_vllm:
+                log(f"paired phase: {args.paired} identical prompts to vllm and aggregated, alternating")
+                cal = Calibration.from_json(json.loads((out / "aggregated.calibration.json").read_text())["calibration"])
+                paired = paired_ttft({"vllm": running["vllm"].base_url, "aggregated": server.base_url},
+                                     cal, "tiny", w, args.paired)
+                log(paired.line())
+            for name in [m for m in running if not (keep_vllm and m == "vllm" and mode != "aggregated")]:
+                log(f"{name}: stopping")
+                running.pop(name).stop()
+            write_results(out, args, results, startup, started, paired)
+    finally:
+        for name, server in running.items():
+            log(f"{name}: stopping")
             server.stop()
-        write_results(out, args, results, startup, started)
 
     title = (f"tiny model on {os.cpu_count()} CPU cores: {w.api} {w.input_tokens}->{w.output_tokens} tokens, "
              f"{w.duration_s} s per level"
@@ -157,10 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     verdict = ("n/a" if math.isnan(ratio) else
                f"{ratio:.2f}x ({'within' if ratio <= args.max_ttft_ratio else 'ABOVE'} the {args.max_ttft_ratio}x target)")
     summary_line = f"aggregated TTFT p50 / direct vLLM at {min(args.concurrency)} user(s): {verdict}"
+    if paired is not None:
+        summary_line += "\n" + paired.line()
     startup_line = "startup to ready: " + ", ".join(f"{m} {s:.0f} s" for m, s in startup.items())
     (out / "table.md").write_text(f"{title}\n\n{md}\n\n{summary_line}\n{startup_line}\n")
     report.plot(results, out / "latency.png", title)
-    write_results(out, args, results, startup, started)
+    write_results(out, args, results, startup, started, paired)
     print(f"\n{title}\n\n{md}\n\n{summary_line}\n{startup_line}\n"
           f"total {time.monotonic() - started:.0f} s; files in {out} (table.md, results.json, latency.png, *.html)")
     if args.strict and not (ratio <= args.max_ttft_ratio):

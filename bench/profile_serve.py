@@ -5,7 +5,8 @@
 
 Starts the server like the bench does, warms it up, then runs the bench workload with one user
 while it
-- samples every serving process with py-spy (`record --format raw`: collapsed stacks, CPU only),
+- samples every serving process with py-spy (`record --gil --format raw`: collapsed stacks of the
+  thread holding the GIL, i.e. where Python spends CPU; native waits of Ray's core worker excluded),
 - measures each process's CPU time over the run (psutil), reported as CPU ms per request,
 - reads the app's own per-request histograms (serve_app.metrics, exported by Ray on each node's
   metrics port): TTFT seen inside the engine replica vs TTFT seen by the client.
@@ -24,7 +25,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -36,8 +37,8 @@ from bench.servers import REPO_ROOT, ServerProcess, app_server, tiny_model_path,
 ROLES: dict[str, dict[str, str]] = {
     "vllm": {"api_server": r"vllm\.entrypoints\.openai\.api_server", "engine_core": r"^VLLM::EngineCore",
              "worker": r"^VLLM::Worker"},
-    "aggregated": {"proxy": r"ray::ProxyActor", "ingress": r"ray::ServeReplica:llm:(OpenAi|Bounded|LLMRouter|.*Ingress)",
-                   "llm_server": r"ray::ServeReplica:llm:tiny", "engine_core": r"^VLLM::EngineCore",
+    "aggregated": {"proxy": r"ray::ProxyActor", "ingress": r"ray::ServeReplica:llm:\w*Ingress",
+                   "llm_server": r"ray::ServeReplica:llm:(Aggregated:|LLMServer:)?tiny", "engine_core": r"^VLLM::EngineCore",
                    "worker": r"^VLLM::Worker"},
 }
 ROLES["disaggregated"] = {**ROLES["aggregated"], "llm_server": r"ray::ServeReplica:llm:Decode:tiny",
@@ -46,10 +47,34 @@ ROLES["disaggregated"] = {**ROLES["aggregated"], "llm_server": r"ray::ServeRepli
 METRICS_PORTS = (52702, 52712, 52722)
 
 
-def find_processes(mode: str) -> dict[str, list[psutil.Process]]:
+def _ours(server: ServerProcess) -> Callable[[psutil.Process], bool]:
+    """Processes of this server only (other clusters may run on the machine): for the app, those
+    carrying the launcher's RLD_CLUSTER_ID (named in its log as /tmp/rld-<id>); for vLLM, the
+    server's descendants."""
+    if server.mode == "vllm":
+        assert server.proc is not None
+        mine = {p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)} | {server.proc.pid}
+        return lambda p: p.pid in mine
+    m = re.search(rb"/tmp/rld-([0-9a-f]+)", server.log_path.read_bytes())
+    if not m:
+        raise RuntimeError(f"no cluster id (/tmp/rld-<id>) in {server.log_path}")
+    cluster_id = m.group(1).decode()
+
+    def check(p: psutil.Process) -> bool:
+        try:
+            return p.environ().get("RLD_CLUSTER_ID") == cluster_id
+        except psutil.Error:
+            return False
+    return check
+
+
+def find_processes(server: ServerProcess) -> dict[str, list[psutil.Process]]:
+    mode, ours = server.mode, _ours(server)
     found: dict[str, list[psutil.Process]] = {role: [] for role in ROLES[mode]}
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
+        if not any(re.search(pattern, cmd) for pattern in ROLES[mode].values()) or not ours(p):
+            continue
         for role, pattern in ROLES[mode].items():
             if re.search(pattern, cmd):
                 found[role].append(p)
@@ -125,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.wait_ready(READY_TIMEOUT_S[a.mode])
         warm_up(a.mode, server.base_url, w, out)
-        procs = find_processes(a.mode)
+        procs = find_processes(server)
         print("processes:", {r: [p.pid for p in ps] for r, ps in procs.items()}, file=sys.stderr)
         before = {r: cpu_seconds(ps) for r, ps in procs.items()}
         spies = []
@@ -134,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 dest = out / f"pyspy-{a.mode}-{role}-{p.pid}.txt"
                 spies.append((role, dest, subprocess.Popen(
                     [py_spy, "record", "--pid", str(p.pid), "--duration", str(a.duration + 5), "--rate",
-                     str(a.rate), "--format", "raw", "--nonblocking", "--output", str(dest)],
+                     str(a.rate), "--format", "raw", "--gil", "--nonblocking", "--output", str(dest)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
         level = run_level(a.mode, server.base_url, 1, w, out / "profiled",
                           calibration=out / f"{a.mode}.calibration.json")

@@ -139,3 +139,19 @@ def test_calibration_file_is_reused_only_for_the_same_setup(stub_url: str, tmp_p
     # another workload (instruction) must not reuse it
     third = run_locust(stub_url, tmp_path / "c", *args, "--workload", "summarize", run_time_s=10, max_requests=1)
     assert third.returncode == 0 and "prompt calibration took" in third.output
+
+
+def test_bench_paired_phase_times_both_servers_alike(stub_url: str) -> None:
+    from bench.ladder import Workload
+    from bench.paired import paired_ttft
+    from loadtests.openai_load.prompts import WORD_POOL, Calibration
+
+    cal = Calibration("usage-exact", 11.0, 1.0, WORD_POOL[:24])  # the stub: 7 + 4 instruction words
+    urls = {"vllm": f"{stub_url}/v1", "aggregated": f"{stub_url}/v1"}
+    r = paired_ttft(urls, cal, "stub", Workload(input_tokens=40, output_tokens=3), pairs=4)
+    assert r.pairs == 4 and r.errors == {"vllm": 0, "aggregated": 0}
+    for mode in urls:
+        assert r.ttft_ms[mode]["count"] == 4
+        assert FIRST_S * 1000 <= r.ttft_ms[mode]["min"] <= r.ttft_ms[mode]["max"] < (FIRST_S + 0.15) * 1000
+        assert GAP_S * 1000 <= r.itl_ms[mode]["p50"] < (GAP_S + 0.05) * 1000
+    assert abs(r.ttft_diff_ms["p50"]) < 50 and 0.8 < r.ttft_p50_ratio < 1.25
