@@ -5,9 +5,10 @@ RLD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RLD_CACHE="${RLD_CACHE:-$HOME/.cache/ray-llm-disagg}"
 export RLD_ROOT RLD_CACHE
 
-# versions.env is the one place versions are pinned (KEY=VALUE lines).
+# versions.env is the one place versions are pinned (KEY=VALUE lines). Not exported: etcd, for one,
+# reads ETCD_* variables from its environment.
 # shellcheck source=../versions.env
-set -a; . "$RLD_ROOT/versions.env"; set +a
+. "$RLD_ROOT/versions.env"
 
 rld::log()  { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 rld::die()  { printf '[%s] ERROR: %s\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
