@@ -57,6 +57,7 @@ class _Run:
         self.store = SampleStore()
         self.issued = 0
         self.finished = 0
+        self.users_started = 0
         self.setup_error: str | None = None
 
 
@@ -122,7 +123,7 @@ def _calibration(client: SetupClient, model: str, ep: Endpoints, s: options.Sett
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_: Any) -> None:
     RUN.store = SampleStore()
-    RUN.issued = RUN.finished = 0
+    RUN.issued = RUN.finished = RUN.users_started = 0
     RUN.setup_error = None
     if isinstance(environment.runner, MasterRunner):
         # The master runs no users; it only needs the settings for the SLO verdict.
@@ -158,8 +159,10 @@ class OpenAIUser(FastHttpUser):
         super().__init__(environment)
 
     def on_start(self) -> None:
+        # Same --seed, same prompts: user n of this process draws from its own seeded stream.
+        RUN.users_started += 1
         seed = RUN.settings.seed if RUN.settings else 0
-        self.rng = random.Random(f"{seed}-{id(self)}-{time.time_ns()}")
+        self.rng = random.Random(f"{seed}-{RUN.users_started}")
 
     @task
     def generate(self) -> None:
