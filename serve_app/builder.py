@@ -2,7 +2,7 @@
 
 Builds the same graph as Ray Serve LLM's builders, with our server classes:
   disaggregated: ingress -> Decode:<model> (SelectiveDecodeServer) -> Prefill:<model> (MeteredPrefillServer)
-  aggregated:    ingress -> <model> (MeteredServer)
+  aggregated:    ingress -> Aggregated:<model> (MeteredServer)
 Ray's `build_pd_openai_app` hard-codes PDDecodeServer, so the P/D graph is composed here from Ray's
 own pieces (PDServingArgs validation, build_llm_deployment, the OpenAI ingress factory).
 """
@@ -74,7 +74,7 @@ def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
         )
     else:
         served_config = configs["decode"]
-        served = build_llm_deployment(served_config, deployment_cls=MeteredServer)
+        served = build_llm_deployment(served_config, name_prefix="Aggregated:", deployment_cls=MeteredServer)
     return _bind_ingress(app, served_config, served)
 
 

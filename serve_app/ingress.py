@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ErrorInfo,
     ErrorResponse,
@@ -38,6 +38,10 @@ logger = get_logger(__name__)
 # An engine replica that died, is restarting, or refuses work because its queue is full.
 ENGINE_UNAVAILABLE = (RayActorError, ActorUnavailableError, DeploymentUnavailableError, BackPressureError)
 HEALTH_CHECK_TIMEOUT_S = 10.0
+RETRY_HINT = (
+    "Serve restarts failed engine replicas; retry in a minute. Operators: check `serve status` and the "
+    "replica logs (serve/replica_*.log, worker-*.err)."
+)
 
 
 class OpenAIError(OpenAIHTTPException):
@@ -59,12 +63,15 @@ class OpenAIError(OpenAIHTTPException):
         )
 
     @classmethod
-    def from_engine(cls, error: ErrorResponse) -> "OpenAIError":
-        """vLLM/Ray reported the error (validation, context length...): keep its status, message and param."""
+    def from_engine(cls, error: ErrorResponse, what: str) -> "OpenAIError":
+        """vLLM/Ray reported the error: 4xx keep their status, message and param (validation, context
+        length...); 5xx mean the engine itself failed and become a retryable 503."""
         info = error.error
-        message = info.message
-        code = "context_length_exceeded" if "maximum context length" in message else None
-        return cls(int(info.code or 500), message, param=info.param, code=code)
+        status_code = int(info.code or 500)
+        if status_code >= 500:
+            return EngineUnavailable(f"{what}: the engine failed ({info.type}: {info.message}). {RETRY_HINT}")
+        code = "context_length_exceeded" if "maximum context length" in info.message else None
+        return cls(status_code, info.message, param=info.param, code=code)
 
 
 class EngineUnavailable(OpenAIError):
@@ -86,7 +93,9 @@ async def bounded_chunks(
                 chunk = await asyncio.wait_for(iterator.__anext__(), timeout=limit)
             except StopAsyncIteration:
                 return
-            except (asyncio.TimeoutError, *ENGINE_UNAVAILABLE) as exc:
+            except (asyncio.TimeoutError, *ENGINE_UNAVAILABLE, RayTaskError) as exc:
+                if isinstance(exc, RayTaskError) and not _engine_died(exc):
+                    raise
                 failure = EngineUnavailable(_explain(exc, what, limit, started))
                 logger.error("%s", failure.message)
                 if not started:
@@ -96,13 +105,19 @@ async def bounded_chunks(
             if not started:
                 first = chunk[0] if isinstance(chunk, list) and chunk else chunk
                 if isinstance(first, ErrorResponse):
-                    raise OpenAIError.from_engine(first)
+                    raise OpenAIError.from_engine(first, what)
             started = True
             yield chunk
     finally:
         aclose = getattr(iterator, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+def _engine_died(exc: RayTaskError) -> bool:
+    """A replica call failed because its vLLM engine process is gone (vLLM's EngineDeadError)."""
+    cause = getattr(exc, "cause", None)
+    return type(cause).__name__ == "EngineDeadError" or "EngineDeadError" in str(exc)
 
 
 def _explain(exc: BaseException, what: str, limit: float, started: bool) -> str:
@@ -115,10 +130,9 @@ def _explain(exc: BaseException, what: str, limit: float, started: bool) -> str:
         )
     if isinstance(exc, BackPressureError):
         return f"{what}: the engine replicas are at capacity ({exc}). Retry later."
-    return (
-        f"{what}: the engine replica is unavailable ({type(exc).__name__}: {exc}). Serve restarts failed "
-        "replicas; retry in a minute. Operators: check `serve status` and the replica logs."
-    )
+    if isinstance(exc, RayTaskError):
+        return f"{what}: the vLLM engine process died. {RETRY_HINT}"
+    return f"{what}: the engine replica is unavailable ({type(exc).__name__}: {exc}). {RETRY_HINT}"
 
 
 def _openai_error_response(error: OpenAIError) -> JSONResponse:

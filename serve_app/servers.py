@@ -10,19 +10,16 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
-    ErrorResponse,
-    TokenizeChatRequest,
-    TokenizeCompletionRequest,
 )
 from ray.llm._internal.serve.core.protocol import RawRequestInfo
 from ray.llm._internal.serve.core.server.llm_server import LLMServer
+from ray.llm._internal.serve.observability.logging import get_logger
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (
     PDDecodeServer,
     PDPrefillServer,
@@ -32,7 +29,7 @@ from ray.serve.llm import LLMConfig
 
 from serve_app.metrics import Path, RequestClock, RequestMetrics
 
-logger = logging.getLogger("ray.serve")
+logger = get_logger(__name__)
 
 Request = Union[ChatCompletionRequest, CompletionRequest]
 
@@ -132,6 +129,18 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         self._handoff_backend: Optional[_HandoffClockBackend] = None
         self._init_metrics(llm_config, mode="disaggregated", role="decode")
         await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
+        if remote_prefill_min_tokens > 0 and not all(
+            hasattr(getattr(self.engine, name, None), method)
+            for name, method in (
+                ("_oai_serving_chat", "render_chat_request"),
+                ("_oai_serving_completion", "render_completion_request"),
+            )
+        ):
+            raise RuntimeError(
+                "SelectiveDecodeServer: this Ray/vLLM pair does not expose the engine's chat/completion "
+                "renderers that selective disaggregation counts prompt tokens with. Set "
+                "remote_prefill_min_tokens: 0 to disable it, or pin the versions in versions.env."
+            )
         logger.info(
             "SelectiveDecodeServer ready: prompts with fewer than %d tokens are prefilled locally on decode",
             remote_prefill_min_tokens,
@@ -169,32 +178,31 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
             self._clocks.pop(id(request), None)
 
     async def _count_prompt_tokens(self, request: Request) -> Optional[int]:
-        """Prompt length in tokens as this engine renders it (chat template included).
+        """Prompt length in tokens exactly as this engine will prefill it (chat template, tools included).
 
-        None when selective disaggregation is off (threshold 0: no tokenizing at all) or the prompt
-        cannot be measured; such requests take the remote path, as Ray would send them.
+        Renders with the engine's own vLLM serving objects (Ray's engine does not enable vLLM's tokenize
+        endpoint). None when selective disaggregation is off (threshold 0: no rendering at all) or the
+        prompt cannot be rendered; such requests take the remote path, as Ray would send them, and any
+        real problem is reported by the engine on that path. Batched prompts count by the longest.
         """
         if self._remote_prefill_min_tokens <= 0:
             return None
+        copy = request.model_copy(deep=True)
         if isinstance(request, ChatCompletionRequest):
-            return await self._tokenize(_tokenize_request(TokenizeChatRequest, request))
-        prompt = request.prompt
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return len(prompt)
-        if isinstance(prompt, str):
-            return await self._tokenize(_tokenize_request(TokenizeCompletionRequest, request))
-        return None  # batched prompts: leave them to the remote path
-
-    async def _tokenize(self, tokenize_request: Any) -> Optional[int]:
-        async for response in await self.tokenize(tokenize_request):
-            if isinstance(response, ErrorResponse):
-                # The real request will fail the same way and return this error to the client.
-                return None
-            return response.count
-        return None
+            serving = self.engine._oai_serving_chat
+            rendered = await serving.render_chat_request(copy)
+            inputs = rendered if _is_vllm_error(rendered) else rendered[1]
+        else:
+            serving = self.engine._oai_serving_completion
+            inputs = await serving.render_completion_request(copy)
+        if _is_vllm_error(inputs):
+            logger.warning(
+                "selective disaggregation: could not render the prompt (%s); sending it to remote prefill",
+                inputs.error.message,
+            )
+            return None
+        return max((serving._extract_prompt_len(engine_input) for engine_input in inputs), default=None)
 
 
-def _tokenize_request(model: type, request: Request) -> Any:
-    """A tokenize request carrying every field it shares with `request` (messages, template, tools...)."""
-    shared = {name: getattr(request, name) for name in model.model_fields if name in type(request).model_fields}
-    return model.model_validate(shared)
+def _is_vllm_error(value: Any) -> bool:
+    return hasattr(value, "error") and hasattr(value.error, "message")

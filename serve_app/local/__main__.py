@@ -16,13 +16,6 @@ from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack, log
 
 
-def _used_memory_gb() -> float:
-    import psutil
-
-    vm = psutil.virtual_memory()
-    return (vm.total - vm.available) / 1024**3
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve_app.local", description=__doc__)
     parser.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated")
@@ -45,7 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, on_signal)
 
     install_handlers()
-    memory_before = _used_memory_gb()
     stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=PortPlan(http=args.port))
     try:
         stack.start()
@@ -58,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     starting = False
     install_handlers()
     t = stack.timings
+    memory = stack.cluster.memory_bytes()
     log(
         f"startup: model {t['model']:.1f} s, ray {t['ray_start']:.1f} s, deploy+warm-up {t['deploy']:.1f} s, "
-        f"total {t['total']:.1f} s; memory in use +{_used_memory_gb() - memory_before:.1f} GB "
-        f"({len(stack.cluster.processes())} processes)"
+        f"total {t['total']:.1f} s; memory of its {len(stack.cluster.processes())} processes: "
+        f"RSS {memory['rss'] / 1024**3:.1f} GB, USS {memory['uss'] / 1024**3:.1f} GB"
     )
     url = stack.base_url("llm")
     print(

@@ -4,8 +4,8 @@ All nodes run on 127.0.0.2: Ray rewrites 127.0.0.1/localhost to the host's own i
 but leaves other 127/8 addresses alone (shared/notes/ray-role-placement.md §1), so Ray traffic stays
 on loopback. Each node gets its own agent, metrics and worker ports so several raylets share one IP.
 
-Every process of the cluster inherits RLD_CLUSTER_ID; `stop()` ends exactly those processes (and no
-other Ray on the machine, which a bare `ray stop` would also kill).
+Every process of the cluster inherits RLD_CLUSTER_ID and works under /tmp/rld-<id>; `stop()` ends exactly
+those processes (and no other Ray on the machine, which a bare `ray stop` would also kill).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import psutil
 NODE_IP = "127.0.0.2"
 CLUSTER_ID_ENV = "RLD_CLUSTER_ID"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+METRICS_REPORT_INTERVAL_MS = 2000
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class LocalRayCluster:
                 "RAY_USAGE_STATS_ENABLED": "0",
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
+                # Export metrics every 2 s (Ray's default is 10 s): fresher numbers for the demo and tests.
+                "RAY_metrics_report_interval_ms": str(METRICS_REPORT_INTERVAL_MS),
             }
         )
         return env
@@ -157,15 +160,42 @@ class LocalRayCluster:
             )
 
     def processes(self) -> list[psutil.Process]:
-        """Every live process started for this cluster (raylets, GCS, workers, vLLM engines...)."""
-        ours = []
+        """Every live process started for this cluster (raylets, GCS, agents, workers, vLLM engines...).
+
+        Marked by the inherited RLD_CLUSTER_ID, our temp dir on the command line, or a file open under
+        it; plus all their descendants. (Ray's agents retitle themselves with setproctitle, which wipes
+        /proc/<pid>/environ and cmdline, so the marker alone misses them.)
+        """
+        temp_dir = str(self.temp_dir)
+        ours: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter():
+            if proc.pid == os.getpid():
+                continue
             try:
-                if proc.pid != os.getpid() and proc.environ().get(CLUSTER_ID_ENV) == self.cluster_id:
-                    ours.append(proc)
+                if (
+                    proc.environ().get(CLUSTER_ID_ENV) == self.cluster_id
+                    or any(temp_dir in arg for arg in proc.cmdline())
+                    or any(f.path.startswith(temp_dir) for f in proc.open_files())
+                ):
+                    ours[proc.pid] = proc
+                    ours.update((child.pid, child) for child in proc.children(recursive=True))
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-        return ours
+        ours.pop(os.getpid(), None)
+        return list(ours.values())
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Memory of the cluster's processes: summed RSS (counts shared pages once per process) and USS
+        (pages unique to each process; the sum is what stopping the cluster frees, less shared libraries)."""
+        rss = uss = 0
+        for proc in self.processes():
+            try:
+                info = proc.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            rss += info.rss
+            uss += info.uss
+        return {"rss": rss, "uss": uss}
 
     def stop(self, grace_s: float = 8, keep_logs: bool = False) -> int:
         """SIGTERM every process of this cluster, SIGKILL what is left after `grace_s`; returns the count."""
