@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero
         log(f"bench.app_server: FAILED to start {args.mode}: {exc}")
         return 1
+    # ray.init (inside stack.start) replaced our SIGTERM handler with its own and Ray's core worker
+    # with a fatal-signal handler that kills the process at once, leaving the cluster running.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     ready.set()
     log(f"bench.app_server: READY {args.mode} at {stack.base_url('llm')} in {stack.timings['total']:.0f} s")
     try:

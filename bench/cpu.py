@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -28,7 +29,8 @@ from pathlib import Path
 from bench import report
 from bench.ladder import LevelResult, Workload, run_level, warm_up
 from bench.paired import PairedResult, paired_ttft
-from bench.servers import MODES, REPO_ROOT, ServerProcess, app_server, port_in_use, tiny_model_path, vllm_server
+from bench.servers import (MODES, REPO_ROOT, ServerProcess, ServerStartError, app_server, port_in_use,
+                           tiny_model_path, vllm_server)
 from loadtests.openai_load.prompts import Calibration
 
 VLLM_PORT = 8470
@@ -144,15 +146,22 @@ def main(argv: list[str] | None = None) -> int:
     # request by request (paired phase); every other server is stopped before the next starts.
     keep_vllm = args.paired > 0 and "vllm" in args.modes and "aggregated" in args.modes
     running: dict[str, ServerProcess] = {}
+    failed: dict[str, str] = {}
     try:
         for mode in args.modes:
             server = serve(mode, model_path, out, args.app_env)
             running[mode] = server
             log(f"{mode}: starting ({' '.join(server.cmd[1:4])} ...)")
-            server.start()
-            startup[mode] = server.wait_ready(READY_TIMEOUT_S[mode])
-            log(f"{mode}: ready in {startup[mode]:.0f} s at {server.base_url}; warming up")
-            warm_up(mode, server.base_url, w, out)
+            try:
+                server.start()
+                startup[mode] = server.wait_ready(READY_TIMEOUT_S[mode])
+                log(f"{mode}: ready in {startup[mode]:.0f} s at {server.base_url}; warming up")
+                warm_up(mode, server.base_url, w, out)
+            except (ServerStartError, RuntimeError, subprocess.TimeoutExpired) as e:
+                failed[mode] = str(e).splitlines()[0]
+                log(f"{mode}: FAILED, skipping it: {e}")
+                running.pop(mode).stop()
+                continue
             for c in args.concurrency:
                 r = run_level(mode, server.base_url, c, w, out, seed=c)
                 results.append(r)
@@ -186,12 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     if paired is not None:
         summary_line += "\n" + paired.line()
     startup_line = "startup to ready: " + ", ".join(f"{m} {s:.0f} s" for m, s in startup.items())
+    if failed:
+        startup_line += "\nFAILED modes: " + "; ".join(f"{m}: {why}" for m, why in failed.items())
     (out / "table.md").write_text(f"{title}\n\n{md}\n\n{summary_line}\n{startup_line}\n")
     report.plot(results, out / "latency.png", title)
     write_results(out, args, results, startup, started, paired)
     print(f"\n{title}\n\n{md}\n\n{summary_line}\n{startup_line}\n"
           f"total {time.monotonic() - started:.0f} s; files in {out} (table.md, results.json, latency.png, *.html)")
-    if args.strict and not (ratio <= args.max_ttft_ratio):
+    if failed or (args.strict and not (ratio <= args.max_ttft_ratio)):
         return 1
     return 0
 

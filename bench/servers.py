@@ -99,6 +99,10 @@ class ServerProcess:
         except OSError:
             return "(no log)"
 
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1].split("/", 1)[0])
+
     def stop(self, grace_s: float = 60.0) -> None:
         """SIGTERM the child (the app launcher stops its Ray cluster on SIGTERM), then SIGKILL its
         process group if anything is left after `grace_s`."""
@@ -120,6 +124,9 @@ class ServerProcess:
         if self._log:
             self._log.close()
         self.proc = None
+        deadline = time.monotonic() + 30  # the next server wants this port: wait until it is free
+        while port_in_use(self.port) and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 
 def _serve_config_module():  # type: ignore[no-untyped-def]
