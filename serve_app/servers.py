@@ -180,28 +180,30 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
     async def _count_prompt_tokens(self, request: Request) -> Optional[int]:
         """Prompt length in tokens exactly as this engine will prefill it (chat template, tools included).
 
-        Renders with the engine's own vLLM serving objects (Ray's engine does not enable vLLM's tokenize
-        endpoint). None when selective disaggregation is off (threshold 0: no rendering at all) or the
-        prompt cannot be rendered; such requests take the remote path, as Ray would send them, and any
-        real problem is reported by the engine on that path. Batched prompts count by the longest.
+        Renders with the engine's own vLLM serving objects (Ray 2.58's engine does not wire vLLM 0.26's
+        tokenize endpoint). None when selective disaggregation is off (threshold 0: no rendering at all).
+        A prompt the engine rejects (longer than the context, bad template input...) counts as 0: the
+        local path returns the engine's own 4xx error without a prefill round trip. Batched prompts
+        count by the longest.
         """
         if self._remote_prefill_min_tokens <= 0:
             return None
         copy = request.model_copy(deep=True)
-        if isinstance(request, ChatCompletionRequest):
-            serving = self.engine._oai_serving_chat
-            rendered = await serving.render_chat_request(copy)
-            inputs = rendered if _is_vllm_error(rendered) else rendered[1]
-        else:
-            serving = self.engine._oai_serving_completion
-            inputs = await serving.render_completion_request(copy)
+        try:
+            if isinstance(request, ChatCompletionRequest):
+                serving = self.engine._oai_serving_chat
+                rendered = await serving.render_chat_request(copy)
+                inputs = rendered if _is_vllm_error(rendered) else rendered[1]
+            else:
+                serving = self.engine._oai_serving_completion
+                inputs = await serving.render_completion_request(copy)
+        except ValueError as exc:  # vLLM's validation errors (VLLMValidationError is a ValueError)
+            logger.info("selective disaggregation: prompt rejected by the renderer (%s); serving locally", exc)
+            return 0
         if _is_vllm_error(inputs):
-            logger.warning(
-                "selective disaggregation: could not render the prompt (%s); sending it to remote prefill",
-                inputs.error.message,
-            )
-            return None
-        return max((serving._extract_prompt_len(engine_input) for engine_input in inputs), default=None)
+            logger.info("selective disaggregation: prompt rejected (%s); serving locally", inputs.error.message)
+            return 0
+        return max((serving._extract_prompt_len(engine_input) for engine_input in inputs), default=0)
 
 
 def _is_vllm_error(value: Any) -> bool:

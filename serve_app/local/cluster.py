@@ -127,8 +127,22 @@ class LocalRayCluster:
             cmd += [f"--labels={self.role_label_key}={node.role}"]
         return cmd
 
-    def start(self, timeout_s: float = 120) -> None:
+    def start(self, timeout_s: float = 120, attempts: int = 2) -> None:
+        """Start every node. `ray start` gives a raylet 30 s (hard-coded) to register, which a loaded
+        2-core machine can miss: then everything is stopped and started once more."""
         self._check_ports_free()
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_nodes(timeout_s)
+                return
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                self.stop(keep_logs=True)
+                if attempt == attempts:
+                    raise
+                first_line = str(exc).splitlines()[0]
+                print(f"  ray start failed ({first_line}); retrying ({attempt}/{attempts - 1})", file=sys.stderr)
+
+    def _start_nodes(self, timeout_s: float) -> None:
         env = self.env()
         for index, node in enumerate(self.nodes):
             started = time.monotonic()
@@ -136,9 +150,8 @@ class LocalRayCluster:
                 self._start_command(index, node), env=env, capture_output=True, text=True, timeout=timeout_s
             )
             if result.returncode != 0:
-                self.stop()
                 raise RuntimeError(
-                    f"`ray start` for the {node.name} node failed (exit {result.returncode}).\n"
+                    f"`ray start` for the {node.name} node failed (exit {result.returncode}). "
                     f"stderr tail:\n{result.stderr[-3000:]}\nLogs: {self.temp_dir}/session_latest/logs"
                 )
             print(f"  ray node {node.name:<8} up in {time.monotonic() - started:5.1f} s", file=sys.stderr)
