@@ -27,6 +27,8 @@ KCM_PORT=$((PORT_BASE + 4)) SCHED_PORT=$((PORT_BASE + 5)) OPERATOR_PROBE_PORT=$(
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok ray-operator)
 DEFAULT_NODES="cpu=2 prefill=4 decode=2 prefill-p5en=1 decode-p5en=1"
 WAIT_S="${RLD_WAIT_S:-90}"
+SERVICE_CIDR="${RLD_SERVICE_CIDR:-127.96.0.0/16}"   # ClusterIPs are never dialled here; loopback anyway
+TEMPLATE="$RLD_CACHE/cluster-template/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kuberay-$KUBERAY_VERSION-svc-${SERVICE_CIDR//[.\/]/_}"
 
 export PATH="$BIN:$PATH"
 kc() { kubectl --kubeconfig "$KC" "$@"; }
@@ -74,14 +76,15 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 write_pki() {
   local p="$STATE/pki" token
   mkdir -p "$p"
-  openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
-  openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
-  openssl req -x509 -newkey rsa:2048 -nodes -days 365 -subj "/CN=ray-llm-disagg-local-ca" \
-    -keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
-  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$p/apiserver.key" -out "$p/apiserver.csr" 2>/dev/null
+  # EC P-256 keys: generated in milliseconds (RSA takes seconds on a busy machine); the API server signs
+  # service-account tokens with ES256.
+  ec() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+  ec "$p/sa.key" && openssl pkey -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+  ec "$p/ca.key" && openssl req -x509 -new -key "$p/ca.key" -days 365 -subj "/CN=ray-llm-disagg-local-ca" -out "$p/ca.crt" 2>/dev/null
+  ec "$p/apiserver.key" && openssl req -new -key "$p/apiserver.key" -subj "/CN=kube-apiserver" -out "$p/apiserver.csr" 2>/dev/null
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\n' > "$p/san.ext"
   openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 365 \
-    -extfile "$p/san.ext" -out "$p/apiserver.crt" 2>/dev/null
+    -extfile "$p/san.ext" -out "$p/apiserver.crt" 2>/dev/null || rld::die "openssl failed to create the local PKI in $p"
   token="$(openssl rand -hex 16)"
   echo "$token,admin,admin,system:masters" > "$p/tokens.csv"
   cat > "$KC" <<EOF
@@ -105,8 +108,9 @@ EOF
 
 # --- components -----------------------------------------------------------------------------------
 
+# shellcheck disable=SC2120  # args come through rld::timed
 start_etcd() {
-  start etcd --name rld --data-dir "$STATE/etcd" --unsafe-no-fsync \
+  start etcd "$@" --name rld --data-dir "$STATE/etcd" --unsafe-no-fsync \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "rld=http://127.0.0.1:$ETCD_PEER_PORT"
@@ -123,8 +127,8 @@ start_apiserver() {
     --token-auth-file "$p/tokens.csv" --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
-    --service-cluster-ip-range "${RLD_SERVICE_CIDR:-127.96.0.0/16}" --endpoint-reconciler-type none \
-    --allow-privileged=true --profiling=false
+    --service-cluster-ip-range "$SERVICE_CIDR" --endpoint-reconciler-type none \
+    --allow-privileged=true --profiling=false --request-timeout 3m
   wait_ready kube-apiserver "kube-apiserver /readyz on https://127.0.0.1:$API_PORT" kc get --raw /readyz
 }
 
@@ -162,11 +166,36 @@ start_kwok() {
 
 install_crds() {
   local crds; crds="$(rld::moddir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")/config/crd/bases"
-  # The CRDs are ~1 MB each: too big for client-side apply's last-applied annotation.
-  kc apply --server-side --force-conflicts -f "$crds" >/dev/null ||
-    rld::die "installing the KubeRay CRDs from $crds failed (see kubectl output above)"
-  wait_ready kube-apiserver "KubeRay CRDs Established" \
+  # The CRDs are ~1 MB each: too big for client-side apply's last-applied annotation. Server-side apply is
+  # idempotent, so retry: on a busy 2-core machine the API server can need a minute per CRD (OpenAPI build).
+  local try
+  for try in 1 2 3; do
+    kc apply --server-side --force-conflicts -f "$crds" >/dev/null && break
+    [ "$try" -lt 3 ] || rld::die "installing the KubeRay CRDs from $crds failed 3 times (see kubectl output above; API server log: $STATE/logs/kube-apiserver.log)"
+    rld::log "applying the KubeRay CRDs failed (attempt $try/3; API server busy?), retrying"
+  done
+  WAIT_S=$((WAIT_S * 2)) wait_ready kube-apiserver "KubeRay CRDs Established" \
     kc wait --for condition=Established --timeout 5s crd/rayclusters.ray.io crd/rayjobs.ray.io crd/rayservices.ray.io
+}
+
+# Creating the ~3 MB of KubeRay CRDs costs the API server a lot of CPU (1-2 min on a busy 2-core machine),
+# restarting with them already stored does not. So the first `up` stores them once in an etcd data dir
+# that later clusters start from (a copy).
+make_template() {
+  rld::log "creating the etcd template with the KubeRay CRDs: $TEMPLATE (delete it to rebuild)"
+  start_etcd
+  start_apiserver
+  install_crds
+  stop kube-apiserver
+  stop etcd
+  rm -rf "$TEMPLATE.tmp" && mkdir -p "$TEMPLATE.tmp" && mv "$STATE/etcd" "$TEMPLATE.tmp/etcd" &&
+    rm -rf "$TEMPLATE" && mv "$TEMPLATE.tmp" "$TEMPLATE" || rld::die "could not store the etcd template in $TEMPLATE"
+}
+
+# ensure_crds: the CRDs come with the template; install them only if they are missing.
+ensure_crds() {
+  kc wait --for condition=Established --timeout 30s crd/rayclusters.ray.io crd/rayjobs.ray.io crd/rayservices.ray.io \
+    >/dev/null 2>&1 || install_crds
 }
 
 start_operator() {
@@ -240,7 +269,7 @@ check_binaries() {
 }
 
 cmd_up() {
-  local spec="${RLD_NODES:-}" t0 t p
+  local spec="${RLD_NODES:-}" t0 p
   while [ $# -gt 0 ]; do
     case "$1" in
       --nodes) spec="${2:?--nodes needs pool=count[,pool=count]}"; shift 2 ;;
@@ -260,13 +289,17 @@ cmd_up() {
     done
     mkdir -p "$STATE/logs" "$STATE/pids"
     write_pki
-    for step in etcd apiserver controller_manager scheduler kwok; do
-      t=$(date +%s%N); "start_$step"; rld::log "$(printf '%-28s %s' "$step ready" "$(rld::since "$t")")"
-    done
-    t=$(date +%s%N); install_crds; rld::log "$(printf '%-28s %s' "KubeRay CRDs established" "$(rld::since "$t")")"
-    t=$(date +%s%N); start_operator; rld::log "$(printf '%-28s %s' "ray-operator ready" "$(rld::since "$t")")"
+    [ -d "$TEMPLATE/etcd" ] || rld::timed "etcd template (CRDs, once)" make_template
+    cp -a "$TEMPLATE/etcd" "$STATE/etcd"
+    rld::timed "etcd ready" start_etcd --force-new-cluster   # a copy: take this member as the whole cluster
+    rld::timed "kube-apiserver ready" start_apiserver
+    rld::timed "controller-manager ready" start_controller_manager
+    rld::timed "scheduler ready" start_scheduler
+    rld::timed "kwok ready" start_kwok
+    rld::timed "KubeRay CRDs established" ensure_crds
+    rld::timed "ray-operator ready" start_operator
   fi
-  t=$(date +%s%N); reconcile_nodes "$spec"; rld::log "$(printf '%-28s %s' "node pools ready" "$(rld::since "$t")")"
+  rld::timed "node pools ready" reconcile_nodes "$spec"
   rld::log "cluster up in $(rld::since "$t0"); use it with: eval \"\$(hack/cluster.sh env)\""
 }
 

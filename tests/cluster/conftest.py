@@ -57,6 +57,8 @@ def cluster() -> Cluster:
     if up.returncode != 0:
         pytest.fail(f"`hack/cluster.sh up` failed (exit {up.returncode}):\n{up.stderr[-4000:]}", pytrace=False)
     record("cluster up (hack/cluster.sh up, incl. node pools)", time.monotonic() - t0)
+    for step, seconds in re.findall(r"^\[[\d:]+\] (\S.*?\S)\s+(\d+\.\d)s$", up.stderr, re.M):
+        record(f"  cluster up: {step}", float(seconds))
     kubeconfig = re.search(r'KUBECONFIG="([^"]+)"', subprocess.run([script, "env"], capture_output=True, text=True, env=env).stdout)[1]
     os.environ["KUBECONFIG"] = kubeconfig  # for pytest-helm-charts' kube_cluster fixture and any kubectl
     yield Cluster(kubeconfig)
