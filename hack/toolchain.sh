@@ -251,14 +251,17 @@ EOF
 }
 
 ensure_tool() {
-  local t="$1" want have
+  local t="$1" want have start
   want="$("${t}_want")"; have="$("${t}_current" 2>/dev/null || true)"
   if [ "$have" = "$want" ]; then
     rld::log "$(printf '%-28s cached (%s)' "$t" "$want")"
     return 0
   fi
   rld::log "building $t ($want)${have:+, cached one reports '$have'}"
+  start=$(date +%s%N)
   rld::timed "built $t" "${t}_build"
+  # cold build times, for the record (tests/cluster prints them)
+  printf '%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$t" "$want" "$(rld::since "$start")" >> "$RLD_CACHE/build-times.tsv"
   have="$("${t}_current" 2>/dev/null || true)"
   [ "$have" = "$want" ] ||
     rld::die "$t was built but reports '$have', expected '$want'. Remove $(dir_of "$t" '*') and rerun; check the ldflags in hack/toolchain.sh"

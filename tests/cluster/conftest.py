@@ -36,11 +36,24 @@ def record(label: str, seconds: float) -> None:
     print(f"[timing] {label}: {seconds:.1f}s")
 
 
+def pytest_collection_modifyitems(config, items):
+    here = os.path.dirname(__file__)
+    for item in items:  # (this hook sees every collected item, not only ours)
+        if str(item.path).startswith(here + os.sep):
+            item.add_marker(pytest.mark.e2e)
+
+
 def pytest_terminal_summary(terminalreporter):
     if TIMINGS:
         terminalreporter.section("cluster timings")
         for label, seconds in TIMINGS.items():
             terminalreporter.write_line(f"{seconds:8.1f}s  {label}")
+        builds = os.path.join(os.path.dirname(CACHE_BIN), "build-times.tsv")
+        if os.path.exists(builds):  # written by hack/toolchain.sh on each (cold) build
+            terminalreporter.write_line("last cold builds (hack/toolchain.sh):")
+            last = {line.split("\t")[1]: line.rstrip("\n").split("\t") for line in open(builds) if line.count("\t") == 3}
+            for when, name, version, took in last.values():
+                terminalreporter.write_line(f"{took:>9}  {name} {version} ({when})")
 
 
 @dataclass
