@@ -35,7 +35,7 @@ Request = Union[ChatCompletionRequest, CompletionRequest]
 
 
 class _MeteredMixin:
-    """Wraps chat/completions of an LLMServer subclass with `RequestMetrics.observe`."""
+    """Per-request metrics for an LLMServer subclass (labels: this replica's mode and role)."""
 
     _metrics: RequestMetrics
 
@@ -46,42 +46,39 @@ class _MeteredMixin:
         return self._metrics.observe(chunks, clock, path=path, stream=bool(request.stream))
 
 
-class MeteredServer(_MeteredMixin, LLMServer):
-    """Aggregated mode: one engine serves whole requests (always the local path)."""
+class _OnePathMetered(_MeteredMixin):
+    """Meters chat/completions of the next class in the MRO; every request of this server takes PATH."""
 
-    async def __init__(self, llm_config: LLMConfig, *, mode: str = "aggregated", role: str = "decode", **kwargs):
-        self._init_metrics(llm_config, mode=mode, role=role)
-        await super().__init__(llm_config, **kwargs)
-
-    async def chat(self, request: ChatCompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
-        return await self._serve_local(request, raw_request_info, super().chat)
-
-    async def completions(self, request: CompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
-        return await self._serve_local(request, raw_request_info, super().completions)
-
-    async def _serve_local(self, request: Request, raw: Optional[RawRequestInfo], run: Callable):
-        clock = RequestClock()
-        self._metrics.accepted("local")
-        return self._metered(await run(request, raw), request, clock, "local")
-
-
-class MeteredPrefillServer(_MeteredMixin, PDPrefillServer):
-    """Prefill role of disaggregated mode: Ray's PDPrefillServer, timed."""
+    MODE: str
+    ROLE: str
+    PATH: Path
 
     async def __init__(self, llm_config: LLMConfig, **kwargs):
-        self._init_metrics(llm_config, mode="disaggregated", role="prefill")
+        self._init_metrics(llm_config, mode=self.MODE, role=self.ROLE)
         await super().__init__(llm_config, **kwargs)
 
     async def chat(self, request: ChatCompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
-        return await self._serve_prefill(request, raw_request_info, super().chat)
+        return await self._serve_metered(request, raw_request_info, super().chat)
 
     async def completions(self, request: CompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
-        return await self._serve_prefill(request, raw_request_info, super().completions)
+        return await self._serve_metered(request, raw_request_info, super().completions)
 
-    async def _serve_prefill(self, request: Request, raw: Optional[RawRequestInfo], run: Callable):
+    async def _serve_metered(self, request: Request, raw: Optional[RawRequestInfo], run: Callable):
         clock = RequestClock()
-        self._metrics.accepted("remote")
-        return self._metered(await run(request, raw), request, clock, "remote")
+        self._metrics.accepted(self.PATH)
+        return self._metered(await run(request, raw), request, clock, self.PATH)
+
+
+class MeteredServer(_OnePathMetered, LLMServer):
+    """Aggregated mode: one engine serves whole requests (the AppConfig's decode role, local path)."""
+
+    MODE, ROLE, PATH = "aggregated", "decode", "local"
+
+
+class MeteredPrefillServer(_OnePathMetered, PDPrefillServer):
+    """Prefill role of disaggregated mode: Ray's PDPrefillServer, timed."""
+
+    MODE, ROLE, PATH = "disaggregated", "prefill", "remote"
 
 
 class _HandoffClockBackend:
