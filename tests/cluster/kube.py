@@ -103,7 +103,11 @@ def group_pods(kube: Kube, namespace: str, cluster: str) -> dict[str, list]:
 
 
 def pod_summary(pods) -> str:
-    return ", ".join(f"{p.metadata.name}={p.status.phase}@{p.spec.node_name or '-'}" for p in pods) or "no pods"
+    """name=Phase@node per pod, with the scheduler's reason for unscheduled pods."""
+    def one(p):
+        why = scheduling_message(p)
+        return f"{p.metadata.name}={p.status.phase}@{p.spec.node_name or '-'}" + (f" ({why})" if why else "")
+    return ", ".join(one(p) for p in pods) or "no pods"
 
 
 def scheduling_message(pod) -> str:
