@@ -5,9 +5,13 @@ KubeRay v1.5 does not copy a replicas-only change of a RayService's worker group
 RayCluster (hash without replicas; intended upstream so it never fights the Ray autoscaler:
 ray-project/kuberay#2331, #4568). The scaling test is therefore a strict xfail: it turns into a failure
 (XPASS) the day the chart or KubeRay makes `helm upgrade --set decode.replicas=N` scale the group.
+The documented one-off resize (patch the RayCluster) is tested against the real operator instead.
 """
 
 import pytest
+
+import json
+import subprocess
 
 from .kube import CHART, expected_pod_counts, group_pods, still_true_for
 
@@ -67,3 +71,28 @@ def test_serve_config_only_upgrade_keeps_cluster_and_pods(release, kube):
         rcs = kube.rayclusters_of(rel.namespace, rel.rayservice_name)
         return [rc["metadata"]["uid"] for rc in rcs] == [uid] and pod_uids(kube, rel, name) == pods_before
     still_true_for(same_cluster, 5, f"one RayCluster {name} (uid {uid}) with the same pods after the upgrade")
+
+
+def test_documented_resize_scales_decode_and_operator_keeps_it(release, kube):
+    """The chart README's one-off resize: `helm upgrade` + patching the RayCluster's decode group.
+
+    The real operator must add the pods on the decode pool, keep the same RayCluster, and not revert the
+    patch on its next reconciles (its hash ignores replicas)."""
+    rel, name, uid, new = upgrade_decode_replicas(release)
+    groups = rel.raycluster()["spec"]["workerGroupSpecs"]
+    index = [g["groupName"] for g in groups].index("decode")
+    # KubeRay clamps replicas into [minReplicas, maxReplicas], so the resize sets all three.
+    patch = [{"op": "replace", "path": f"/spec/workerGroupSpecs/{index}/{key}", "value": new}
+             for key in ("maxReplicas", "minReplicas", "replicas")]
+    # Exactly the command the chart README documents.
+    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", rel.namespace, "patch", "raycluster", name,
+                    "--type=json", "-p", json.dumps(patch)], check=True, capture_output=True, text=True, timeout=60)
+    rel.wait_pods(name, expected_pod_counts(rel.values), timeout=60)
+    decode = group_pods(kube, rel.namespace, name)["decode"]
+    assert {kube.node(p.spec.node_name).metadata.labels["karpenter.sh/nodepool"] for p in decode} == {"decode"}
+
+    def kept():
+        rc = rel.raycluster()
+        replicas = {g["groupName"]: g.get("replicas") for g in rc["spec"]["workerGroupSpecs"]}
+        return rc["metadata"]["uid"] == uid and replicas["decode"] == new
+    still_true_for(kept, 5, f"RayCluster {name} keeping decode replicas={new} after the operator reconciles")
