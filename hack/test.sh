@@ -14,9 +14,9 @@ hack/toolchain.sh
 eval "$(hack/toolchain.sh env)"
 step "python environment"
 hack/pyenv.sh
-PYBIN=$(hack/pyenv.sh path)
-export PATH="$PYBIN:$PATH"
+PYTHON=$(hack/pyenv.sh python)
+export PATH="$(dirname "$PYTHON"):$PATH"
 echo "setup took $((SECONDS - t0)) s"
 
 step "pytest ${*:-tests}"
-exec "$PYBIN/python" -m pytest "${@:-tests}"
+exec "$PYTHON" -m pytest "${@:-tests}"
