@@ -8,7 +8,7 @@
 #   hack/pyenv.sh hash       print the environment hash (no side effects)
 #
 # The venv lives OUTSIDE the work tree, shared by every clone on this machine:
-#   ${RLD_CACHE:-$HOME/.cache/ray-llm-disagg}/venv-<hash of versions.env + pyproject.toml's dependency sections>
+#   ${RLD_CACHE:-$HOME/.cache/ray-llm-disagg}/venv-<hash of the Python pins in versions.env + pyproject.toml's dependency sections>
 # Concurrent callers serialise on a flock; a finished venv has a marker file and is reused in well under 2 s.
 #
 # Recipe (shared/notes/stack-ray258-vllm026.md §1, PyPI only):
@@ -26,10 +26,11 @@ set -euo pipefail
 ROOT=$RLD_ROOT
 CACHE=$RLD_CACHE
 RECIPE_VERSION=1  # bump when the install recipe below changes
-# What the venv depends on: versions.env, the dependency sections of pyproject.toml (not pytest or
-# other tool settings, so editing those does not rebuild 7 GB) and this recipe.
+# What the venv depends on: the Python stack's lines of versions.env, the dependency sections of
+# pyproject.toml (not pytest or other tool settings, and not the Kubernetes tool pins, so editing
+# those does not rebuild 7 GB) and this recipe.
 deps_fingerprint() {
-  cat "$ROOT/versions.env"
+  grep -E '^(PYTHON|RAY|VLLM|TORCH|NIXL)_VERSION=' "$ROOT/versions.env"
   awk '/^\[/ { keep = ($0 == "[project]" || $0 == "[project.optional-dependencies]" || $0 == "[tool.rld]") } keep' \
     "$ROOT/pyproject.toml"
   echo "recipe=$RECIPE_VERSION"
