@@ -48,7 +48,7 @@ def test_decode_replicas_upgrade_keeps_raycluster(release, kube):
 
 
 @pytest.mark.xfail(strict=True, reason="KubeRay v1.5 ignores replicas-only RayService changes (kuberay#2331, #4568); "
-                                       "see .notes-for-chart.md")
+                                       "see charts/ray-llm-disagg/README.md, Scaling an installed release")
 def test_decode_replicas_upgrade_scales_decode_group(release, kube):
     rel, name, uid, new = upgrade_decode_replicas(release)
     counts = expected_pod_counts(rel.values)
