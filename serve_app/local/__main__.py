@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve_app.local", description=__doc__)
     parser.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated")
     parser.add_argument("--port", type=int, default=8000, help="Serve HTTP port on 127.0.0.1")
+    parser.add_argument("--deploy-timeout", type=float, default=900,
+                        help="seconds to wait for the engines (about 3 min on an idle 2-core machine)")
     parser.add_argument("--exit-when-ready", action="store_true", help="stop again right after READY (smoke test)")
     args = parser.parse_args(argv)
 
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     install_handlers()
     stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=PortPlan(http=args.port))
     try:
-        stack.start()
+        stack.start(deploy_timeout_s=args.deploy_timeout)
     except KeyboardInterrupt:
         log("start-up interrupted; everything started so far was stopped")
         return 130

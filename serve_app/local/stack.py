@@ -55,8 +55,9 @@ class LocalStack:
 
         try:
             self._start_cluster_and_deploy(model_path, deploy_timeout_s)
-        except BaseException:  # also Ctrl-C during start-up: leave nothing running
-            self.stop()
+        except BaseException as exc:  # also Ctrl-C during start-up: leave nothing running
+            # A failed start keeps its Ray logs: the error message points the operator at them.
+            self.stop(keep_logs=not isinstance(exc, KeyboardInterrupt))
             raise
         self.timings["total"] = time.monotonic() - t0
 
@@ -140,8 +141,8 @@ class LocalStack:
     def _logs(self) -> str:
         return f"{self.cluster.temp_dir}/session_latest/logs (serve/ and worker-*.err)"
 
-    def stop(self) -> int:
-        keep = os.environ.get("RLD_KEEP_RAY_LOGS") == "1"
+    def stop(self, keep_logs: bool = False) -> int:
+        keep = keep_logs or os.environ.get("RLD_KEEP_RAY_LOGS") == "1"
         return self.cluster.stop(keep_logs=keep)
 
 
