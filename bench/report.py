@@ -84,9 +84,39 @@ def plot(results: Sequence[LevelResult], path: Path, title: str) -> None:
         ax.set_xlabel("concurrent users")
         ax.set_title(label, fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0)
+        if key95:  # latencies span orders of magnitude across modes: log scale
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
     axes.flat[0].legend()
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def load(out: Path) -> list[LevelResult]:
+    """LevelResults from a bench output folder's <mode>_c<N>.summary.json files."""
+    import json
+    import re
+
+    from bench.servers import MODES
+
+    found = []
+    for f in out.glob("*_c*.summary.json"):
+        m = re.fullmatch(r"(\w+)_c(\d+)\.summary\.json", f.name)
+        if m and m.group(1) in MODES:
+            stem = f.with_name(f"{m.group(1)}_c{m.group(2)}")
+            found.append(LevelResult(m.group(1), int(m.group(2)), json.loads(f.read_text()),
+                                     stem.with_suffix(".html"), stem, 0, (0.0, 0.0, 0.0)))
+    return sorted(found, key=lambda r: (MODES.index(r.mode), r.concurrency))
+
+
+if __name__ == "__main__":  # re-render a run: python -m bench.report bench/out/<timestamp> [title]
+    import sys
+
+    folder = Path(sys.argv[1])
+    rs = load(folder)
+    print(table(rs))
+    plot(rs, folder / "latency.png", sys.argv[2] if len(sys.argv) > 2 else folder.name)
+    print(f"wrote {folder / 'latency.png'}")
