@@ -42,6 +42,11 @@ from openai_load.sse import StreamResult, consume_sse, iter_response_lines
 
 log = logging.getLogger("openai_load")
 
+# Locust starts its -t timer with gevent.spawn_later, which counts from the event loop's cached
+# clock. If start-up blocked for a while (slow imports on a busy machine) that clock is stale and
+# the run ends at once, before any request. Refresh it now that the imports are done.
+gevent.get_hub().loop.update_now()
+
 
 class _Run:
     """State of this load-generator process for one test run."""

@@ -95,7 +95,7 @@ def stub_url() -> Iterator[str]:
 def test_ttft_itl_e2e_match_the_servers_timing(stub_url: str, tmp_path: Path) -> None:
     n_out = 5
     run = run_locust(stub_url, tmp_path, "--input-tokens", "40", "--output-tokens", str(n_out),
-                     users=2, run_time_s=15, max_requests=4)
+                     users=2, run_time_s=60, max_requests=4)
     assert run.returncode == 0, run.output[-3000:]
     s = run.summary
     assert s["ok"] == 4 and s["failed"] == 0
@@ -113,7 +113,7 @@ def test_ttft_itl_e2e_match_the_servers_timing(stub_url: str, tmp_path: Path) ->
 
 def test_mid_stream_error_event_is_a_failure(stub_url: str, tmp_path: Path) -> None:
     run = run_locust(stub_url, tmp_path, "--input-tokens", "40", "--output-tokens", "5",
-                     "--temperature", "9", users=1, run_time_s=10, max_requests=2)
+                     "--temperature", "9", users=1, run_time_s=60, max_requests=2)
     post = run.stats[("POST", "chat")]
     assert int(post["Request Count"]) == int(post["Failure Count"]) == 2
     assert "boom: engine died" in Path(f"{run.prefix}_failures.csv").read_text()
@@ -130,14 +130,14 @@ def test_unreachable_server_fails_setup_with_exit_2(tmp_path: Path) -> None:
 def test_calibration_file_is_reused_only_for_the_same_setup(stub_url: str, tmp_path: Path) -> None:
     cal = tmp_path / "cal.json"
     args = ("--input-tokens", "30", "--output-tokens", "2", "--calibration-file", str(cal))
-    first = run_locust(stub_url, tmp_path / "a", *args, run_time_s=10, max_requests=1)
+    first = run_locust(stub_url, tmp_path / "a", *args, run_time_s=60, max_requests=1)
     assert first.returncode == 0 and "prompt calibration took" in first.output
     assert json.loads(cal.read_text())["calibration"]["method"] == "usage-exact"
-    second = run_locust(stub_url, tmp_path / "b", *args, run_time_s=10, max_requests=1)
+    second = run_locust(stub_url, tmp_path / "b", *args, run_time_s=60, max_requests=1)
     assert second.returncode == 0 and "prompt calibration reused" in second.output
     assert second.summary["prompt_tokens"]["min"] == 30
     # another workload (instruction) must not reuse it
-    third = run_locust(stub_url, tmp_path / "c", *args, "--workload", "summarize", run_time_s=10, max_requests=1)
+    third = run_locust(stub_url, tmp_path / "c", *args, "--workload", "summarize", run_time_s=60, max_requests=1)
     assert third.returncode == 0 and "prompt calibration took" in third.output
 
 
