@@ -1,7 +1,7 @@
 """The locustfile's own command-line options, and the typed settings read from them.
 
-Every option also reads an environment variable LOCUST_<NAME> (Locust's config also takes them
-from a locust.conf file). The API key additionally falls back to OPENAI_API_KEY.
+Every option also reads an environment variable LOCUST_<NAME> (e.g. LOCUST_WORKLOAD) and can be
+set in a locust.conf file. The API key additionally falls back to OPENAI_API_KEY.
 """
 
 from __future__ import annotations
@@ -17,43 +17,43 @@ from .slo import Thresholds
 def register(parser: Any) -> None:
     """Add our options to Locust's argument parser (`events.init_command_line_parser`)."""
     g = s = parser  # Locust's web-UI flags (is_secret, include_in_web_ui) need the parser itself
-    g.add_argument("--workload", choices=sorted(PROFILES), default="chat",
+    g.add_argument("--workload", env_var="LOCUST_WORKLOAD", choices=sorted(PROFILES), default="chat",
                    help="workload profile: " + "; ".join(f"{p.name} {p.input_tokens}->{p.output_tokens} tokens "
                                                        f"({p.description})" for p in PROFILES.values()))
-    g.add_argument("--api", choices=["chat", "completions"], default="chat",
+    g.add_argument("--api", env_var="LOCUST_API", choices=["chat", "completions"], default="chat",
                    help="/v1/chat/completions or /v1/completions")
-    g.add_argument("--input-tokens", type=int, default=0, help="override the profile's prompt tokens")
-    g.add_argument("--output-tokens", type=int, default=0, help="override the profile's max_tokens")
-    g.add_argument("--model", default="", help="model name; default: the first of GET /v1/models")
-    g.add_argument("--api-key", default="", is_secret=True,
+    g.add_argument("--input-tokens", env_var="LOCUST_INPUT_TOKENS", type=int, default=0, help="override the profile's prompt tokens")
+    g.add_argument("--output-tokens", env_var="LOCUST_OUTPUT_TOKENS", type=int, default=0, help="override the profile's max_tokens")
+    g.add_argument("--model", env_var="LOCUST_MODEL", default="", help="model name; default: the first of GET /v1/models")
+    g.add_argument("--api-key", env_var="LOCUST_API_KEY", default="", is_secret=True,
                    help="sent as 'Authorization: Bearer <key>'; default: $OPENAI_API_KEY")
-    g.add_argument("--no-stream", action="store_true", default=False,
+    g.add_argument("--no-stream", env_var="LOCUST_NO_STREAM", action="store_true", default=False,
                    help="non-streaming requests (no TTFT/ITL)")
-    g.add_argument("--no-ignore-eos", action="store_true", default=False,
+    g.add_argument("--no-ignore-eos", env_var="LOCUST_NO_IGNORE_EOS", action="store_true", default=False,
                    help="do not send vLLM's ignore_eos (needed for servers that reject unknown fields); "
                         "outputs may then be shorter than --output-tokens")
-    g.add_argument("--temperature", type=float, default=None, include_in_web_ui=False,
+    g.add_argument("--temperature", env_var="LOCUST_TEMPERATURE", type=float, default=None, include_in_web_ui=False,
                    help="sampling temperature; default: the server's")
-    g.add_argument("--max-requests", type=int, default=0,
+    g.add_argument("--max-requests", env_var="LOCUST_MAX_REQUESTS", type=int, default=0,
                    help="stop after this many requests in this process (0: no limit; -t bounds time)")
-    g.add_argument("--request-timeout", type=float, default=300.0,
+    g.add_argument("--request-timeout", env_var="LOCUST_REQUEST_TIMEOUT", type=float, default=300.0,
                    help="seconds a request may wait on the network before it fails")
-    g.add_argument("--seed", type=int, default=0, help="seed of the prompt generator")
-    g.add_argument("--calibration-file", default="", include_in_web_ui=False,
+    g.add_argument("--seed", env_var="LOCUST_SEED", type=int, default=0, help="seed of the prompt generator")
+    g.add_argument("--calibration-file", env_var="LOCUST_CALIBRATION_FILE", default="", include_in_web_ui=False,
                    help="reuse the prompt calibration stored in this JSON file if it was made for the same "
                         "server, model, API and workload; otherwise calibrate and store it there")
-    g.add_argument("--summary-json", default="", include_in_web_ui=False,
+    g.add_argument("--summary-json", env_var="LOCUST_SUMMARY_JSON", default="", include_in_web_ui=False,
                    help="write exact percentiles, throughput and the SLO verdict to this JSON file")
     # SLO thresholds: with any of them set, the exit code is 0 when all pass and 3 when one fails.
-    s.add_argument("--slo-ttft-p95-ms", type=float, default=None, include_in_web_ui=False,
+    s.add_argument("--slo-ttft-p95-ms", env_var="LOCUST_SLO_TTFT_P95_MS", type=float, default=None, include_in_web_ui=False,
                    help="SLO: largest allowed p95 time to first token (ms)")
-    s.add_argument("--slo-itl-p95-ms", type=float, default=None, include_in_web_ui=False,
+    s.add_argument("--slo-itl-p95-ms", env_var="LOCUST_SLO_ITL_P95_MS", type=float, default=None, include_in_web_ui=False,
                    help="SLO: largest allowed p95 inter-token latency (ms)")
-    s.add_argument("--slo-e2e-p95-ms", type=float, default=None, include_in_web_ui=False,
+    s.add_argument("--slo-e2e-p95-ms", env_var="LOCUST_SLO_E2E_P95_MS", type=float, default=None, include_in_web_ui=False,
                    help="SLO: largest allowed p95 end-to-end latency (ms)")
-    s.add_argument("--slo-error-rate", type=float, default=None, include_in_web_ui=False,
+    s.add_argument("--slo-error-rate", env_var="LOCUST_SLO_ERROR_RATE", type=float, default=None, include_in_web_ui=False,
                    help="SLO: largest allowed fraction of failed requests, e.g. 0.01")
-    s.add_argument("--slo-min-requests", type=int, default=1, include_in_web_ui=False,
+    s.add_argument("--slo-min-requests", env_var="LOCUST_SLO_MIN_REQUESTS", type=int, default=1, include_in_web_ui=False,
                    help="SLO: fewest requests (ok + failed) for the verdict to pass")
 
 
