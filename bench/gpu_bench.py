@@ -70,8 +70,9 @@ async def one(session, url, prompt, max_tokens):
         return {"error": err or "no tokens"}
     end = time.perf_counter()
     gaps = [b - a for a, b in zip(times, times[1:])]
+    out_tokens = (usage or {}).get("completion_tokens", len(times))
     return {"ttft": times[0] - t0, "e2e": end - t0, "chunks": len(times), "itl": gaps,
-            "out_tokens": (usage or {}).get("completion_tokens", len(times)),
+            "tpot": (times[-1] - times[0]) / max(out_tokens - 1, 1), "out_tokens": out_tokens,
             "prompt_tokens": (usage or {}).get("prompt_tokens")}
 
 
@@ -82,6 +83,10 @@ def pct(xs, q):
     k = (len(xs) - 1) * q
     f = int(k); c = min(f + 1, len(xs) - 1)
     return xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def ms(xs, q):
+    return 1e3 * pct(xs, q) if xs else None
 
 
 async def run_load(url, n_tokens, conc, n_req, max_tokens, warm, seed):
@@ -103,9 +108,11 @@ async def run_load(url, n_tokens, conc, n_req, max_tokens, warm, seed):
     ok = [r for r in res if "error" not in r]
     itl = [g for r in ok for g in r["itl"]]
     summ = {"input": n_tokens, "conc": conc, "n": len(res), "errors": len(res) - len(ok), "wall_s": wall,
-            "ttft_p50_ms": 1e3 * pct([r["ttft"] for r in ok], .5), "ttft_p95_ms": 1e3 * pct([r["ttft"] for r in ok], .95),
+            "ttft_p50_ms": ms([r["ttft"] for r in ok], .5), "ttft_p95_ms": ms([r["ttft"] for r in ok], .95),
             "ttft_mean_ms": 1e3 * statistics.mean([r["ttft"] for r in ok]) if ok else None,
             "itl_p50_ms": 1e3 * pct(itl, .5) if itl else None, "itl_p95_ms": 1e3 * pct(itl, .95) if itl else None,
+            "tpot_p50_ms": 1e3 * pct([r["tpot"] for r in ok], .5) if ok else None,
+            "tpot_p95_ms": 1e3 * pct([r["tpot"] for r in ok], .95) if ok else None,
             "out_tok_s": sum(r["out_tokens"] for r in ok) / wall, "req_s": len(ok) / wall,
             "prompt_tokens": ok[0]["prompt_tokens"] if ok else None,
             "first_error": next((r["error"] for r in res if "error" in r), None)}
@@ -257,20 +264,20 @@ def bench(mode, url, args, results, cl=None):
             time.sleep(5)  # Ray exports every 2 s here (RAY_metrics_report_interval_ms)
             summ["breakdown"] = diff_means(before, hist_sums(scrape(cl)))
         results.append(summ)
-        log(f"{mode} in={n} c=1: ttft p50 {summ['ttft_p50_ms']:.1f} ms, itl p50 {summ['itl_p50_ms'] or 0:.1f} ms, "
+        log(f"{mode} in={n} c=1: ttft p50 {summ['ttft_p50_ms'] or 0:.1f} ms, tpot p50 {summ['tpot_p50_ms'] or 0:.1f} ms, "
             f"err {summ['errors']} {summ['first_error'] or ''}")
         save(results, args)
     for c in args.ladder:
         summ, _ = asyncio.run(run_load(url, args.ladder_len, c, max(2 * c, 8), args.max_tokens, 0, seed=1000 + c))
         summ["mode"] = mode
         results.append(summ)
-        log(f"{mode} in={args.ladder_len} c={c}: ttft p50 {summ['ttft_p50_ms']:.1f} p95 {summ['ttft_p95_ms']:.1f} ms, "
+        log(f"{mode} in={args.ladder_len} c={c}: ttft p50 {summ['ttft_p50_ms'] or 0:.1f} p95 {summ['ttft_p95_ms'] or 0:.1f} ms, "
             f"{summ['out_tok_s']:.0f} tok/s, err {summ['errors']}")
         save(results, args)
 
 
 def save(results, args):
-    (OUT / f"results_{args.modes.replace(',', '-')}.json").write_text(json.dumps(results, indent=1))
+    (OUT / f"results_{args.modes.replace(',', '-')}{'_fcn' if args.first_chunk_now else ''}.json").write_text(json.dumps(results, indent=1))
 
 
 def main():
@@ -282,10 +289,14 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--ladder", default="")
     ap.add_argument("--ladder-len", type=int, default=4096)
+    ap.add_argument("--first-chunk-now", action="store_true",
+                    help="put bench/experiments/first_chunk_now on every Ray process's PYTHONPATH")
     args = ap.parse_args()
     args.lengths = [int(x) for x in args.lengths.split(",") if x]
     args.ladder = [int(x) for x in args.ladder.split(",") if x]
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.first_chunk_now:
+        os.environ["PYTHONPATH"] = f"{REPO}/bench/experiments/first_chunk_now:" + os.environ.get("PYTHONPATH", "")
     results = []
     for mode in args.modes.split(","):
         log(f"=== {mode}")
