@@ -138,7 +138,7 @@ def wait_http(url, timeout_s, proc=None):
 def start_vllm(gpu="0", port=8300):
     env = {**os.environ, **ENV, "CUDA_VISIBLE_DEVICES": gpu}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "--served-model-name", MID,
-           "--port", str(port), "--disable-log-requests"]
+           "--port", str(port)]
     for k, v in ENGINE.items():
         flag = "--" + k.replace("_", "-")
         cmd += [flag] if v is True else [flag, str(v)]
