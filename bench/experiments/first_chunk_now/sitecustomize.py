@@ -42,6 +42,10 @@ def _patch() -> None:
             yield out
 
     batcher.Batcher.stream = stream
+    # Proof that it loaded: lands in the Ray worker's .err log (…/session_latest/logs/worker-*.err).
+    import os
+    import sys
+    print(f"first_chunk_now: Batcher.stream patched in pid {os.getpid()}", file=sys.stderr, flush=True)
 
 
 _patch()
