@@ -96,6 +96,12 @@ class KVTransferSpec(StrictModel):
         default="UCX", description="NIXL backend: LIBFABRIC for EFA, UCX otherwise."
     )
     buffer_device: Literal["cuda", "cpu"] = "cuda"
+    load_failure_policy: Literal["recompute", "fail"] = Field(
+        default="recompute",
+        description="What a decode engine does when the KV it should pull cannot be loaded (prefill died, "
+        "NIXL transfer error): recompute the prompt locally (the client never sees it), or fail the request "
+        "(vLLM's default). vLLM's kv_transfer_config.kv_load_failure_policy.",
+    )
 
 
 class PlacementSpec(StrictModel):
@@ -127,6 +133,110 @@ class TimeoutSpec(StrictModel):
     )
 
 
+class AuthSpec(StrictModel):
+    """API keys clients must send as `Authorization: Bearer <key>`. Auth is on when either source is set.
+
+    Keys never appear in the config itself: they come from a file (a mounted Kubernetes Secret, one key
+    per line) and/or an env var. The file is re-read when it changes, so keys rotate without a restart:
+    add the new key, move clients, remove the old one.
+    """
+
+    api_keys_file: Optional[str] = Field(
+        default=None, description="File with one API key per line (blank lines and # comments ignored)."
+    )
+    api_keys_env: Optional[str] = Field(
+        default=None, description="Name of an env var holding API keys, separated by commas or newlines."
+    )
+    cors_allow_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to call the API (CORS, without credentials). Empty: no CORS "
+        "headers at all; the API is meant for servers, not browsers.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys_file or self.api_keys_env)
+
+
+class LimitsSpec(StrictModel):
+    """Bounds on a single request, checked at the ingress before any engine sees it (4xx naming the field)."""
+
+    max_body_bytes: int = Field(default=4 * 1024**2, ge=1024, description="Larger bodies get 413.")
+    max_n: int = Field(default=8, ge=1, description="Largest `n` / `best_of` (each one is a full generation).")
+    max_tokens: Optional[int] = Field(
+        default=None, ge=1, description="Largest `max_tokens` a client may ask for; unset: the context length."
+    )
+    max_messages: int = Field(default=2048, ge=1, description="Most chat `messages` in one request.")
+    max_prompts: int = Field(default=64, ge=1, description="Most prompts in one batched completions request.")
+
+
+class AdmissionSpec(StrictModel):
+    """A bounded queue per ingress replica: up to `max_in_flight` requests run, up to `max_queued` wait
+    (at most `max_queue_wait_s`); anything beyond gets 429 with Retry-After instead of an unbounded wait.
+
+    Unset limits split ingress.max_ongoing_requests (what Serve lets reach one ingress replica) in half."""
+
+    max_in_flight: Optional[int] = Field(default=None, ge=1)
+    max_queued: Optional[int] = Field(default=None, ge=0)
+    max_queue_wait_s: float = Field(default=30, gt=0)
+    retry_after_s: int = Field(default=5, ge=1, description="Retry-After of a 429.")
+
+
+class FailoverSpec(StrictModel):
+    """What decode does when remote prefill fails before the first token, and how fast a missing role is
+    reported (disaggregated mode). See serve_app/README.md "Failure semantics"."""
+
+    retry_other_prefill: bool = Field(default=True, description="Retry once on another prefill replica.")
+    local_fallback: bool = Field(
+        default=True, description="Then prefill on decode itself; off: 503 naming the prefill role."
+    )
+    routing_timeout_s: float = Field(
+        default=2, gt=0, description="Longest wait for a replica of a role to be chosen (none running: fail fast)."
+    )
+    prefill_timeout_s: float = Field(
+        default=30, gt=0, description="Deadline of one remote prefill (queueing + prefill of the whole prompt)."
+    )
+    suspect_s: float = Field(
+        default=15, ge=0, description="A prefill replica that just failed is skipped for this long."
+    )
+    max_local_fallbacks: int = Field(
+        default=16, ge=0, description="Concurrent local-fallback prefills per decode replica; beyond: 503."
+    )
+    status_poll_s: float = Field(default=2, gt=0, description="How often role availability is read from Serve.")
+    retry_after_s: int = Field(default=10, ge=1, description="Retry-After of a 503 for an unavailable role.")
+
+
+class OverflowSpec(StrictModel):
+    """Forward requests to an external OpenAI-compatible endpoint when this cluster is saturated or a role
+    is unavailable (hybrid routing). Off by default; the key comes from a file or env var, never inline."""
+
+    enabled: bool = False
+    base_url: Optional[str] = Field(
+        default=None, pattern=r"^https?://", description="e.g. https://api.example.com/v1"
+    )
+    api_key_file: Optional[str] = Field(default=None, description="File holding the external endpoint's key.")
+    api_key_env: Optional[str] = Field(default=None, description="Env var holding the external endpoint's key.")
+    model_map: dict[str, str] = Field(
+        default_factory=dict, description="Our model id -> the external endpoint's model name (default: same)."
+    )
+    on_saturation: bool = Field(default=True, description="Overflow when the admission queue is over the threshold.")
+    queue_threshold: int = Field(
+        default=0, ge=0, description="Overflow once this many requests wait in the admission queue (0: as soon as any would)."
+    )
+    on_role_unavailable: bool = Field(default=True, description="Overflow instead of 503 when a role is down.")
+    max_in_flight: int = Field(default=64, ge=1, description="Most concurrent overflowed requests per ingress.")
+    connect_timeout_s: float = Field(default=5, gt=0)
+
+    @model_validator(mode="after")
+    def _complete_when_enabled(self) -> "OverflowSpec":
+        if self.enabled:
+            if not self.base_url:
+                raise ValueError("overflow.base_url: required when overflow.enabled is true")
+            if self.api_key_file and self.api_key_env:
+                raise ValueError("overflow: set api_key_file or api_key_env, not both")
+        return self
+
+
 class AppConfig(StrictModel):
     """The whole serve app: one model, served aggregated or disaggregated."""
 
@@ -156,6 +266,37 @@ class AppConfig(StrictModel):
     allow_prefill_tp_greater_than_decode: bool = Field(
         default=False, description="NIXL cannot split a prefill TP group across fewer decode ranks."
     )
+    auth: AuthSpec = Field(default_factory=AuthSpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
+    failover: FailoverSpec = Field(default_factory=FailoverSpec)
+    overflow: OverflowSpec = Field(default_factory=OverflowSpec)
+
+    @model_validator(mode="after")
+    def _check_admission_fits_ingress(self) -> "AppConfig":
+        # Serve queues (unbounded, in the proxy) whatever exceeds max_ongoing_requests before the ingress
+        # ever sees it; the admission queue only bounds anything if it fits under that limit.
+        in_flight, queued = self.admission_limits()
+        wanted = in_flight + queued + (self.overflow.max_in_flight if self.overflow.enabled else 0)
+        if wanted > self.ingress.max_ongoing_requests:
+            raise ValueError(
+                f"admission.max_in_flight + admission.max_queued (+ overflow.max_in_flight when enabled) = {wanted} > "
+                f"ingress.max_ongoing_requests ({self.ingress.max_ongoing_requests}): Serve would queue the rest "
+                "without bound before admission control sees it; raise ingress.max_ongoing_requests"
+            )
+        return self
+
+    def admission_limits(self) -> tuple[int, int]:
+        """(max_in_flight, max_queued) per ingress replica, defaults filled in."""
+        room = self.ingress.max_ongoing_requests - (self.overflow.max_in_flight if self.overflow.enabled else 0)
+        in_flight = self.admission.max_in_flight or max(1, room // 2)
+        queued = self.admission.max_queued if self.admission.max_queued is not None else max(0, room - in_flight)
+        return in_flight, queued
+
+    def max_model_len(self) -> Optional[int]:
+        """The context length if the config sets it (decode's engine_args.max_model_len), else None."""
+        value = self.decode.engine_args.get("max_model_len")
+        return int(value) if isinstance(value, int) else None
 
     @model_validator(mode="after")
     def _check_accelerator(self) -> "AppConfig":

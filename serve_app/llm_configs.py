@@ -25,6 +25,7 @@ def kv_transfer_config(app: AppConfig, role: str) -> Optional[dict[str, Any]]:
         "kv_role": KV_ROLE[role],
         "kv_buffer_device": kv.buffer_device,
         "kv_connector_extra_config": {"backends": [kv.backend]},
+        "kv_load_failure_policy": kv.load_failure_policy,
     }
 
 

@@ -46,6 +46,7 @@ def test_gpu_disaggregated_roles_map_to_ray_llm_configs() -> None:
             "kv_role": kv_role,
             "kv_buffer_device": "cuda",
             "kv_connector_extra_config": {"backends": ["LIBFABRIC"]},
+            "kv_load_failure_policy": "recompute",
         }
         assert config.deployment_config["placement_group_bundle_label_selector"] == [{DEFAULT_ROLE_LABEL_KEY: role}]
 
