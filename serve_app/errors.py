@@ -1,0 +1,110 @@
+"""OpenAI-shaped errors: every non-2xx answer of the app is `{"error": {message, type, param, code}}`.
+
+One module so the ASGI guards (auth, limits) and the ingress handlers answer alike. Every response
+carries the request id (header `x-request-id`, set by Serve's proxy; 500 messages name it too) and the
+log lines about a failed request name it, so an operator can find what goes with a client's report. Bodies never carry exception text from other processes:
+a remote traceback tells a client nothing and an attacker too much.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from fastapi import status
+from fastapi.responses import JSONResponse
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ErrorInfo,
+    ErrorResponse,
+    OpenAIHTTPException,
+)
+
+REQUEST_ID_HEADER = "x-request-id"
+RETRY_HINT = (
+    "Serve restarts failed engine replicas; retry in a minute. Operators: check `serve status` and the "
+    "replica logs (serve/replica_*.log, worker-*.err)."
+)
+
+
+class OpenAIError(OpenAIHTTPException):
+    """An error answered as OpenAI does: HTTP status + {"error": {message, type, param, code}}."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+        retry_after_s: Optional[int] = None,
+        kind: Optional[str] = None,
+    ):
+        kind = kind or ("invalid_request_error" if status_code < 500 else "server_error")
+        super().__init__(status_code, message, type=kind)
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
+
+    def as_error_response(self) -> ErrorResponse:
+        """The same error as a stream event (vLLM's ErrorInfo wants the HTTP status as code)."""
+        return ErrorResponse(
+            error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.status_code)
+        )
+
+    @classmethod
+    def from_engine(cls, error: ErrorResponse, what: str) -> "OpenAIError":
+        """vLLM/Ray reported the error: 4xx keep their status, message and param (validation, context
+        length...); 5xx mean the engine itself failed and become a retryable 503."""
+        info = error.error
+        try:
+            status_code = int(info.code or 500)
+        except (TypeError, ValueError):
+            status_code = 500
+        if status_code >= 500 or status_code < 400:
+            return EngineUnavailable(f"{what}: the engine failed ({info.type}: {info.message}). {RETRY_HINT}")
+        code = "context_length_exceeded" if "maximum context length" in info.message else None
+        param = info.param
+        if code and not param:
+            param = "messages" if "chat" in what else "prompt"
+        return cls(status_code, info.message, param=param, code=code)
+
+
+class EngineUnavailable(OpenAIError):
+    def __init__(self, message: str, *, retry_after_s: int = 10) -> None:
+        super().__init__(
+            status.HTTP_503_SERVICE_UNAVAILABLE, message, code="engine_unavailable", retry_after_s=retry_after_s
+        )
+
+
+class RoleUnavailable(OpenAIError):
+    """A serving role (prefill or decode) has no running replica: fail fast instead of queueing."""
+
+    def __init__(self, role: str, detail: str, *, retry_after_s: int) -> None:
+        super().__init__(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"The {role} role is unavailable: {detail} Retry after {retry_after_s} s. Operators: check "
+            f"`serve status` (placement: `ray status`) and the {role} replica logs.",
+            code=f"{role}_unavailable",
+            retry_after_s=retry_after_s,
+        )
+        self.role = role
+
+
+def error_json(error: OpenAIError) -> JSONResponse:
+    # No x-request-id here: Serve's proxy adds it to every response.
+    return JSONResponse(status_code=error.status_code, content=error.body(), headers=error.headers())
+
+
+async def send_error(send: Any, error: OpenAIError) -> None:
+    """Answer `error` from a pure ASGI middleware (before FastAPI runs)."""
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
+    await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
