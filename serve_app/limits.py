@@ -1,0 +1,438 @@
+"""Request limits and validation at the ingress: every bad request becomes a 4xx naming the parameter.
+
+Why our own parsing in front of pydantic: vLLM's request models run `mode="before"` validators on the raw
+JSON (`data.get(...)`, `prompt_logprobs > 0`, `for msg in messages`), so a body that is `[]`, a
+`messages` that is a number, or a `logprobs` that is `{}` raises AttributeError/TypeError inside
+validation, which FastAPI does not turn into a 400: the client got a 500 with a Ray traceback. Here the
+body is read (bounded), decoded, shape-checked field by field, then validated by the same pydantic
+models Ray uses; anything that still raises is a 400 whose `param` is found by elimination.
+
+Also here:
+- `RequestGuard`, an ASGI middleware: 413 for bodies over `limits.max_body_bytes` (Content-Length or
+  counted while streaming in); Serve's client-controllable control headers are dropped from the scope
+  and their effect undone: Serve's proxy honours `x-request-disconnect-disabled: ?1` (keep generating
+  after the client left) before any app code runs, so the guard watches for the client's disconnect
+  itself and cancels the request, which aborts it on the engines. `x-request-timeout-seconds` can only
+  shorten or remove the proxy's own timeout, which this app does not rely on (AppConfig.timeouts).
+- Limits on `n`/`best_of`, `max_tokens` (against the context length), number of messages/prompts.
+  Prompt length in tokens is checked by the engine itself (400 `context_length_exceeded`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, Iterable, Optional, Union
+
+from pydantic import ValidationError
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
+from ray.llm._internal.serve.observability.logging import get_logger
+
+from serve_app.config import LimitsSpec
+from serve_app.errors import OpenAIError, send_error
+
+logger = get_logger(__name__)
+
+Request = Union[ChatCompletionRequest, CompletionRequest]
+
+# Serve's proxy reads these from client requests (ray/serve/_private/http_util.py) to override its
+# timeout and disconnect policy; they are operator knobs, not client ones.
+SERVE_CONTROL_HEADERS = frozenset({b"x-request-timeout-seconds", b"x-request-disconnect-disabled"})
+MAX_JSON_DEPTH = 64
+
+# JSON types vLLM's before-validators assume for these fields (they compare or index them raw).
+_INT = (int,)
+_NUMBER = (int, float)
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "a string"),
+    "n": (_INT, "an integer"),
+    "best_of": (_INT, "an integer"),
+    "max_tokens": (_INT, "an integer"),
+    "max_completion_tokens": (_INT, "an integer"),
+    "min_tokens": (_INT, "an integer"),
+    "top_logprobs": (_INT, "an integer"),
+    "prompt_logprobs": (_INT, "an integer"),
+    "seed": (_INT, "an integer"),
+    "top_k": (_INT, "an integer"),
+    "temperature": (_NUMBER, "a number"),
+    "top_p": (_NUMBER, "a number"),
+    "min_p": (_NUMBER, "a number"),
+    "frequency_penalty": (_NUMBER, "a number"),
+    "presence_penalty": (_NUMBER, "a number"),
+    "repetition_penalty": (_NUMBER, "a number"),
+    "stream": ((bool,), "a boolean"),
+    "echo": ((bool,), "a boolean"),
+    "use_beam_search": ((bool,), "a boolean"),
+    "add_generation_prompt": ((bool,), "a boolean"),
+    "continue_final_message": ((bool,), "a boolean"),
+    "stream_options": ((dict,), "an object"),
+    "response_format": ((dict,), "an object"),
+    "structured_outputs": ((dict,), "an object"),
+    "logit_bias": ((dict,), "an object"),
+    "chat_template_kwargs": ((dict,), "an object"),
+    "tools": ((list,), "an array"),
+    "tool_choice": ((str, dict), "a string or an object"),
+    "stop": ((str, list), "a string or an array of strings"),
+    "cache_salt": ((str,), "a string"),
+}
+_KIND_FIELD_TYPES: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
+    "chat": {"logprobs": ((bool,), "a boolean")},
+    "completions": {"logprobs": (_INT, "an integer")},
+}
+
+
+def invalid(param: Optional[str], message: str, *, code: Optional[str] = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 saying what is wrong with it."""
+    if not raw.strip():
+        raise invalid(None, "The request body is empty; send a JSON object.", code="invalid_json")
+
+    def reject_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        data = json.loads(raw, parse_constant=reject_constant)
+    except UnicodeDecodeError:
+        raise invalid(None, "The request body is not valid UTF-8.", code="invalid_json") from None
+    except RecursionError:
+        raise invalid(None, f"The request body nests deeper than {MAX_JSON_DEPTH} levels.", code="invalid_json") from None
+    except ValueError as exc:
+        raise invalid(None, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise invalid(
+            None, f"The request body must be a JSON object, not {_json_type(data)}.", code="invalid_json"
+        )
+    _check_strings(data)
+    return data
+
+
+def _check_strings(data: Any) -> None:
+    """Every string (keys too) must be encodable as UTF-8: JSON allows lone UTF-16 surrogates
+    ("\\ud800"), which tokenizers and pickling choke on."""
+    stack: list[tuple[Any, tuple[Union[str, int], ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_JSON_DEPTH:
+            raise invalid(_dotted(path[:1]), f"The request body nests deeper than {MAX_JSON_DEPTH} levels.")
+        if isinstance(value, str):
+            _check_utf8(value, path)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _check_utf8(key, path + (key,))
+                stack.append((item, path + (key,)))
+        elif isinstance(value, list):
+            stack.extend((item, path + (i,)) for i, item in enumerate(value))
+
+
+def _check_utf8(text: str, path: tuple[Union[str, int], ...]) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(
+            _dotted(path) or None,
+            f"Invalid value for '{_dotted(path)}': contains a lone UTF-16 surrogate (e.g. \\ud800), which is "
+            "not valid Unicode text.",
+        ) from None
+
+
+def validate_request(
+    data: dict[str, Any],
+    kind: str,
+    *,
+    limits: LimitsSpec,
+    models: Iterable[str],
+    max_model_len: Optional[int] = None,
+) -> Request:
+    """The typed request for `kind` ("chat" | "completions"), or an OpenAIError (400/404)."""
+    _check_shapes(data, kind)
+    model = data.get("model")
+    served = list(models)
+    if model is not None and model not in served:
+        raise OpenAIError(
+            404,
+            f"The model '{model}' does not exist. Available models: {', '.join(served)}.",
+            param="model",
+            code="model_not_found",
+        )
+    cls = ChatCompletionRequest if kind == "chat" else CompletionRequest
+    request = _pydantic(cls, data)
+    if isinstance(request, ChatCompletionRequest):
+        try:
+            request = _sanitize_chat_completion_request(request)
+        except (TypeError, ValueError) as exc:
+            raise invalid("messages", f"Invalid value for 'messages': {exc}") from None
+    _check_limits(request, limits, max_model_len)
+    return request
+
+
+def _check_shapes(data: dict[str, Any], kind: str) -> None:
+    types = {**_FIELD_TYPES, **_KIND_FIELD_TYPES[kind]}
+    for field, (allowed, described) in types.items():
+        value = data.get(field)
+        if value is None:
+            continue
+        # JSON true/false are Python bools, which are ints: only boolean fields take them.
+        if isinstance(value, bool) and bool not in allowed:
+            raise invalid(field, f"Invalid type for '{field}': expected {described}, got a boolean.")
+        if not isinstance(value, allowed):
+            raise invalid(field, f"Invalid type for '{field}': expected {described}, got {_json_type(value)}.")
+    if kind == "chat":
+        messages = data.get("messages")
+        if not isinstance(messages, list) or not messages:
+            got = "nothing" if messages is None else _json_type(messages)
+            raise invalid("messages", f"'messages' must be a non-empty array of message objects, got {got}.")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise invalid(f"messages.{i}", f"Invalid type for 'messages.{i}': expected an object, got {_json_type(message)}.")
+            if not isinstance(message.get("role"), str):
+                raise invalid(f"messages.{i}.role", f"'messages.{i}.role' must be a string such as \"user\".")
+            content = message.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise invalid(
+                    f"messages.{i}.content",
+                    f"Invalid type for 'messages.{i}.content': expected a string or an array of content parts, "
+                    f"got {_json_type(content)}.",
+                )
+            if isinstance(content, list) and not all(isinstance(part, dict) for part in content):
+                raise invalid(f"messages.{i}.content", f"'messages.{i}.content' parts must be objects.")
+    else:
+        prompt = data.get("prompt")
+        if not _is_prompt(prompt):
+            raise invalid(
+                "prompt",
+                "'prompt' must be a non-empty string, an array of strings, an array of token ids or an "
+                f"array of token-id arrays, got {_json_type(prompt) if prompt is not None else 'nothing'}.",
+            )
+    tools = data.get("tools")
+    if isinstance(tools, list):
+        for i, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise invalid(f"tools.{i}", f"'tools.{i}' must be an object with a 'function' object that has a 'name'.")
+
+
+def _is_prompt(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return bool(prompt)
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    if all(isinstance(p, str) and p for p in prompt):
+        return True
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return True
+    return all(
+        isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt
+    )
+
+
+def _pydantic(cls: type, data: dict[str, Any]) -> Request:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        param, message = _describe_validation_error(exc, data)
+        raise invalid(param, message) from None
+    except Exception as exc:  # noqa: BLE001 - vLLM's validators raise anything on odd input
+        param = _culprit(cls, data)
+        what = f"'{param}'" if param else "the request"
+        logger.info("request validation raised %s: %s (param %s)", type(exc).__name__, exc, param)
+        raise invalid(param, f"Invalid value for {what}: {exc}.") from None
+
+
+def _describe_validation_error(exc: ValidationError, data: dict[str, Any]) -> tuple[Optional[str], str]:
+    errors = exc.errors(include_url=False)
+    first = errors[0] if errors else {}
+    cause = (first.get("ctx") or {}).get("error")
+    param = getattr(cause, "parameter", None) or _data_path(first.get("loc", ()), data)
+    message = str(cause) if cause is not None else first.get("msg", "invalid value")
+    message = re.sub(r"^Value error, ", "", message)
+    return param, f"Invalid value for '{param}': {message}." if param else f"Invalid request: {message}."
+
+
+def _data_path(loc: Iterable[Any], data: Any) -> Optional[str]:
+    """`loc` of a pydantic error without union-branch tags: the path as it is in the client's JSON."""
+    path: list[Union[str, int]] = []
+    current = data
+    for part in loc:
+        if isinstance(current, dict) and isinstance(part, str) and part in current:
+            path.append(part)
+            current = current[part]
+        elif isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current):
+            path.append(part)
+            current = current[part]
+    return _dotted(tuple(path)) or None
+
+
+def _culprit(cls: type, data: dict[str, Any]) -> Optional[str]:
+    """The top-level field whose removal makes validation stop raising (error path only)."""
+    for field in data:
+        rest = {k: v for k, v in data.items() if k != field}
+        try:
+            cls.model_validate(rest)
+            return field
+        except ValidationError:
+            return field
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
+def _check_limits(request: Request, limits: LimitsSpec, max_model_len: Optional[int]) -> None:
+    for field in ("n", "best_of"):
+        value = getattr(request, field, None)
+        if value is not None and value > limits.max_n:
+            raise invalid(field, f"'{field}' is {value}; this endpoint allows at most {limits.max_n}.")
+    if isinstance(request, ChatCompletionRequest):
+        if len(request.messages) > limits.max_messages:
+            raise invalid("messages", f"{len(request.messages)} messages; this endpoint allows at most {limits.max_messages}.")
+    else:
+        prompt = request.prompt
+        count = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+        if count > limits.max_prompts:
+            raise invalid("prompt", f"{count} prompts in one request; this endpoint allows at most {limits.max_prompts}.")
+    caps = [c for c in (limits.max_tokens, max_model_len) if c]
+    cap = min(caps) if caps else None
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = getattr(request, field, None)
+        if value is None:
+            continue
+        if value < 1:
+            raise invalid(field, f"'{field}' must be at least 1, got {value}.")
+        if cap is not None and value > cap:
+            why = "the context length" if cap == max_model_len and cap != limits.max_tokens else "this endpoint's limit"
+            raise invalid(field, f"'{field}' is {value}, more than {why} ({cap} tokens).")
+    if limits.max_tokens and getattr(request, "max_tokens", None) is None and getattr(
+        request, "max_completion_tokens", None
+    ) is None:
+        # Unset means "up to the context" for vLLM; with an operator cap, the cap is the default.
+        request.max_tokens = limits.max_tokens
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _dotted(path: tuple[Union[str, int], ...]) -> str:
+    return ".".join(str(p) for p in path)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class RequestGuard:
+    """ASGI middleware: body-size limit (413), Serve control headers dropped, cancel on client disconnect."""
+
+    def __init__(self, app: Any, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", [])
+        dropped = [name for name, _ in headers if name.lower() in SERVE_CONTROL_HEADERS]
+        if dropped:
+            scope = {**scope, "headers": [(n, v) for n, v in headers if n.lower() not in SERVE_CONTROL_HEADERS]}
+            logger.info("dropped Serve control header(s) %s from a client request", [d.decode() for d in dropped])
+        request_id = _header(scope, b"x-request-id")
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await send_error(send, self._too_large())
+            return
+        await self._run(scope, receive, send, request_id)
+
+    def _too_large(self) -> OpenAIError:
+        return OpenAIError(
+            413,
+            f"The request body is larger than {self.max_body_bytes} bytes (limits.max_body_bytes).",
+            code="request_too_large",
+        )
+
+    async def _run(self, scope: dict, receive: Any, send: Any, request_id: Optional[str]) -> None:
+        body_done = asyncio.Event()
+        disconnected = asyncio.Event()
+        received = 0
+        started = False
+        finished = False
+
+        async def app_receive() -> dict:
+            nonlocal received
+            if body_done.is_set():
+                # After the body, the only message left is the disconnect, which the watcher owns.
+                await disconnected.wait()
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLarge()
+                if not message.get("more_body", False):
+                    body_done.set()
+            elif message["type"] == "http.disconnect":
+                disconnected.set()
+                body_done.set()
+            return message
+
+        async def app_send(message: dict) -> None:
+            nonlocal started, finished
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished = True
+            await send(message)
+
+        task = asyncio.ensure_future(self.app(scope, app_receive, app_send))
+
+        async def watch_disconnect() -> None:
+            await body_done.wait()
+            while not disconnected.is_set():
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected.set()
+            if not task.done():
+                logger.info("client disconnected; cancelling request %s on the engines", request_id)
+                task.cancel()
+
+        watcher = asyncio.ensure_future(watch_disconnect())
+        try:
+            await task
+        except BodyTooLarge:
+            if not started:
+                await send_error(send, self._too_large())
+        except asyncio.CancelledError:
+            if not disconnected.is_set():
+                raise  # cancelled from outside (Serve's own disconnect handling): nothing more to say
+            # The client is gone; end the exchange cleanly for the proxy.
+            if not started:
+                await send({"type": "http.response.start", "status": 499, "headers": []})
+            if not finished:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            if not task.done():
+                task.cancel()
+
+
+def _header(scope: dict, name: bytes) -> Optional[str]:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None

@@ -1,0 +1,221 @@
+"""Overflow ("hybrid routing"): forward a request to an external OpenAI-compatible endpoint when this
+cluster is saturated or a serving role is down, instead of queueing it or answering 429/503.
+
+- Off by default (OverflowSpec.enabled). The external key comes from a file (a mounted Secret, re-read
+  when it changes) or an env var, never from the config itself.
+- Triggers: `on_saturation` (a request would wait in the admission queue and `queue_threshold`
+  requests already wait) and `on_role_unavailable` (decode, or prefill without local fallback, has
+  no running replica). At most `max_in_flight` overflowed requests per ingress replica; beyond that
+  requests take the normal path (queue, 429, 503).
+- `model_map` renames our model id to the external one, and the responses are renamed back, so a
+  client sees the model it asked for. Streams are passed through event by event.
+- Every response says who served it: header `x-rld-backend: cluster|external`. Counted in
+  ray_rld_overflow_requests_total{reason, outcome}.
+- A failure to reach the external endpoint (connection, timeout, 5xx before any byte was sent to the
+  client) is not the client's problem: the request falls back to the path it would have taken
+  without overflow. 4xx from the external endpoint are passed through (the request itself is bad).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, AsyncIterator, Optional
+
+import httpx
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray.llm._internal.serve.observability.logging import get_logger
+
+from serve_app.admission import ReleasingResponse
+from serve_app.config import OverflowSpec, TimeoutSpec
+from serve_app.errors import OpenAIError
+
+logger = get_logger(__name__)
+
+BACKEND_HEADER = "x-rld-backend"
+KEY_RECHECK_S = 5.0
+
+
+class OverflowFailed(Exception):
+    """The external endpoint could not serve the request; use the normal path."""
+
+
+class _Secret:
+    """The external endpoint's key, from a file (re-read when it changes) or an env var."""
+
+    def __init__(self, file: Optional[str], env: Optional[str]) -> None:
+        self._file, self._env = file, env
+        self._value: Optional[str] = None
+        self._signature: Optional[tuple[int, int, int]] = None
+        self._checked_at = float("-inf")
+
+    def get(self) -> Optional[str]:
+        if self._env:
+            return os.environ.get(self._env, "").strip() or None
+        if not self._file:
+            return None
+        now = time.monotonic()
+        if now - self._checked_at >= KEY_RECHECK_S:
+            self._checked_at = now
+            try:
+                st = os.stat(self._file)
+                signature = (st.st_ino, st.st_size, st.st_mtime_ns)
+                if signature != self._signature:
+                    with open(self._file, encoding="utf-8") as f:
+                        self._value = f.read().strip() or None
+                    self._signature = signature
+            except OSError as exc:
+                logger.error("overflow.api_key_file %s cannot be read (%s); sending no key", self._file, exc)
+                self._value, self._signature = None, None
+        return self._value
+
+
+class Overflow:
+    """The overflow path of one ingress replica."""
+
+    def __init__(self, spec: OverflowSpec, timeouts: TimeoutSpec) -> None:
+        self.spec = spec
+        self._timeouts = timeouts
+        self._key = _Secret(spec.api_key_file, spec.api_key_env)
+        self._client: Optional[httpx.AsyncClient] = None
+        self.in_flight = 0
+        self._counter: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.spec.enabled
+
+    def has_capacity(self) -> bool:
+        return self.enabled and self.in_flight < self.spec.max_in_flight
+
+    def on_saturation(self, *, would_queue: bool, queued: int) -> bool:
+        return self.has_capacity() and self.spec.on_saturation and would_queue and queued >= self.spec.queue_threshold
+
+    def on_role_unavailable(self) -> bool:
+        return self.has_capacity() and self.spec.on_role_unavailable
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            read = max(self._timeouts.first_token_s, self._timeouts.between_tokens_s)
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=self.spec.connect_timeout_s, read=read, write=30, pool=30),
+                limits=httpx.Limits(max_connections=self.spec.max_in_flight),
+            )
+        return self._client
+
+    def _count(self, reason: str, outcome: str) -> None:
+        if self._counter is None:
+            from ray.util.metrics import Counter
+
+            self._counter = Counter(
+                "rld_overflow_requests",
+                description="Requests sent to the external overflow endpoint, by trigger and outcome "
+                "(ok, client_error: the external endpoint answered 4xx, failed: fell back to the cluster path).",
+                tag_keys=("reason", "outcome"),
+            )
+        self._counter.inc(1, tags={"reason": reason, "outcome": outcome})
+
+    async def forward(
+        self, kind: str, data: dict[str, Any], *, model_id: str, reason: str, request_id: Optional[str]
+    ) -> ReleasingResponse:
+        """Serve the request from the external endpoint; raises OverflowFailed when it cannot."""
+        assert self.spec.base_url
+        self.in_flight += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_flight -= 1
+
+        try:
+            response = await self._forward(kind, data, model_id=model_id, reason=reason, request_id=request_id)
+        except BaseException:
+            release()
+            raise
+        return ReleasingResponse(response, release, {BACKEND_HEADER: "external"})
+
+    async def _forward(self, kind: str, data: dict[str, Any], *, model_id: str, reason: str, request_id: Optional[str]):
+        external_model = self.spec.model_map.get(model_id, model_id)
+        body = {**data, "model": external_model}
+        path = "/chat/completions" if kind == "chat" else "/completions"
+        url = self.spec.base_url.rstrip("/") + path
+        headers = {"content-type": "application/json"}
+        key = self._key.get()
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        if request_id:
+            headers["x-request-id"] = request_id
+        client = self._http()
+        try:
+            upstream = await client.send(client.build_request("POST", url, json=body, headers=headers), stream=True)
+        except httpx.HTTPError as exc:
+            self._count(reason, "failed")
+            logger.warning("overflow to %s failed (%s: %s); request_id=%s uses the cluster path", url, type(exc).__name__, exc, request_id)
+            raise OverflowFailed(str(exc)) from exc
+        if upstream.status_code >= 500 or upstream.status_code in (401, 403, 404, 429):
+            # The external side is down, overloaded or misconfigured (key, model_map): not the client's fault.
+            text = (await upstream.aread())[:500]
+            await upstream.aclose()
+            self._count(reason, "failed")
+            logger.warning(
+                "overflow to %s answered %d (%r); request_id=%s uses the cluster path. Operators: check "
+                "overflow.base_url, the key and overflow.model_map.",
+                url, upstream.status_code, text, request_id,
+            )
+            raise OverflowFailed(f"HTTP {upstream.status_code}")
+        logger.info("overflow (%s): request_id=%s served by %s as model %r", reason, request_id, url, external_model)
+        if upstream.status_code >= 400:
+            content = await _json_body(upstream)
+            self._count(reason, "client_error")
+            return JSONResponse(status_code=upstream.status_code, content=content)
+        self._count(reason, "ok")
+        if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            content = await _json_body(upstream)
+            if isinstance(content, dict) and "model" in content:
+                content["model"] = model_id
+            return JSONResponse(content=content)
+        return StreamingResponse(_renamed_events(upstream, model_id), media_type="text/event-stream")
+
+
+async def _json_body(upstream: httpx.Response) -> Any:
+    try:
+        raw = await upstream.aread()
+        return json.loads(raw)
+    except (ValueError, httpx.HTTPError):
+        raise OpenAIError(502, "The overflow endpoint sent a response that is not JSON.", code="bad_gateway") from None
+    finally:
+        await upstream.aclose()
+
+
+async def _renamed_events(upstream: httpx.Response, model_id: str) -> AsyncIterator[str]:
+    """SSE events from the external endpoint with `model` renamed back; a broken stream ends with an
+    error event and [DONE], like the cluster path's streams."""
+    done = False
+    try:
+        async for line in upstream.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                done = True
+                yield "data: [DONE]\n\n"
+                continue
+            try:
+                event = json.loads(payload)
+                if isinstance(event, dict) and "model" in event:
+                    event["model"] = model_id
+                payload = json.dumps(event)
+            except ValueError:
+                pass
+            yield f"data: {payload}\n\n"
+    except httpx.HTTPError as exc:
+        logger.warning("overflow stream broke (%s: %s)", type(exc).__name__, exc)
+        error = {"error": {"message": "The overflow endpoint stopped answering mid-stream.", "type": "server_error", "param": None, "code": 503}}
+        yield f"data: {json.dumps(error)}\n\n"
+    finally:
+        await upstream.aclose()
+    if not done:
+        yield "data: [DONE]\n\n"

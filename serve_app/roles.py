@@ -1,0 +1,123 @@
+"""Which serving roles can take requests right now, as Serve's controller sees them.
+
+Why: when a role has no running replica (its placement group cannot be scheduled, or every replica is
+dead and restarting), Serve's router waits for one without a deadline and the app stays DEPLOYING; a
+client would wait for the 300 s first-token timeout. A `RoleWatch` reads `serve.status()` every
+`poll_s` in the background, so the ingress answers 503 naming the role (or overflows) at once, the
+decode replica skips a prefill role that is down, and readiness reports both roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from ray.llm._internal.serve.observability.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RoleState:
+    deployment: str
+    running: int
+    status: str
+    message: str
+    checked_at: float
+
+    @property
+    def available(self) -> bool:
+        return self.running > 0
+
+    def describe(self) -> str:
+        detail = f" Serve says: {self.message}" if self.message else ""
+        return f"deployment {self.deployment!r} has no running replica (status {self.status}).{detail}"
+
+
+class RoleWatch:
+    """Background poll of the role deployments of one Serve app (runs on the replica's event loop)."""
+
+    def __init__(self, deployments: dict[str, str], *, poll_s: float, app_name: Optional[str] = None) -> None:
+        self._deployments = dict(deployments)
+        self._poll_s = poll_s
+        self._app_name = app_name
+        self._states: dict[str, RoleState] = {}
+        self._task: Optional[asyncio.Task] = None
+        self._gauge = None
+
+    def ensure_started(self) -> None:
+        if self._task is None or self._task.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._task = loop.create_task(self._run(), name="rld-role-watch")
+
+    def state(self, role: str) -> Optional[RoleState]:
+        self.ensure_started()
+        return self._states.get(role)
+
+    def unavailable(self, role: str) -> Optional[RoleState]:
+        """The role's state when it is known to be down; None when up or not known yet."""
+        state = self.state(role)
+        return state if state is not None and not state.available else None
+
+    def snapshot(self) -> dict[str, Optional[RoleState]]:
+        self.ensure_started()
+        return {role: self._states.get(role) for role in self._deployments}
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep the last known states, try again
+                logger.warning("role watch: reading serve.status() failed (%s: %s)", type(exc).__name__, exc)
+            await asyncio.sleep(self._poll_s)
+
+    async def poll(self) -> None:
+        status = await asyncio.to_thread(_serve_status)
+        app_name = self._app_name or _own_app_name()
+        app = status.applications.get(app_name)
+        if app is None:
+            return
+        now = time.monotonic()
+        for role, name in self._deployments.items():
+            overview = app.deployments.get(name)
+            if overview is None:
+                state = RoleState(name, 0, "NOT_DEPLOYED", "not part of the app yet", now)
+            else:
+                running = sum(n for s, n in overview.replica_states.items() if str(getattr(s, "value", s)) == "RUNNING")
+                state = RoleState(name, running, str(getattr(overview.status, "value", overview.status)), overview.message, now)
+            previous = self._states.get(role)
+            if previous is None or previous.available != state.available:
+                log = logger.info if state.available else logger.warning
+                log("role %s: %s", role, f"{state.running} running replica(s)" if state.available else state.describe())
+            self._states[role] = state
+            self._publish(role, state)
+
+    def _publish(self, role: str, state: RoleState) -> None:
+        if self._gauge is None:
+            from ray.util.metrics import Gauge
+
+            self._gauge = Gauge(
+                "rld_role_running_replicas",
+                description="Running replicas of each serving role, as this replica last read from Serve.",
+                tag_keys=("role",),
+            )
+        self._gauge.set(state.running, tags={"role": role})
+
+
+def _serve_status():
+    from ray import serve
+
+    return serve.status()
+
+
+def _own_app_name() -> str:
+    from ray import serve
+
+    return serve.get_replica_context().app_name
