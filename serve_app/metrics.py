@@ -4,7 +4,8 @@ Recorded with `ray.util.metrics`, so every replica's values reach the Ray metric
 and show up on that node's `--metrics-export-port` (Ray prefixes each name with `ray_`). Labels:
 `model`, `mode` (disaggregated | aggregated), `role` (prefill | decode: the replica that recorded it)
 and `path` (remote: prefill ran on the prefill role and the KV moved; local: the serving engine
-prefilled the prompt itself).
+prefilled the prompt itself; fallback: remote prefill failed before the first token and decode
+prefilled it itself, see serve_app/failover.py).
 
 | metric (as exported)                         | type      | what it measures |
 |----------------------------------------------|-----------|------------------|
@@ -28,7 +29,7 @@ from typing import Any, AsyncIterator, Literal, Optional
 
 from ray.util.metrics import Counter, Histogram
 
-Path = Literal["remote", "local"]
+Path = Literal["remote", "local", "fallback"]
 
 # Seconds; wide enough for a 2-core CPU box and for long GPU prompts.
 LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
@@ -44,6 +45,7 @@ class RequestClock:
     prefill_done: Optional[float] = None
     first_chunk: Optional[float] = None
     handed_off_tokens: Optional[int] = None
+    path: Optional[Path] = None  # set when the path is decided late (remote prefill failed -> fallback)
 
 
 class RequestMetrics:
@@ -81,7 +83,6 @@ class RequestMetrics:
         self, chunks: AsyncIterator[Any], clock: RequestClock, *, path: Path, stream: bool
     ) -> AsyncIterator[Any]:
         """Pass `chunks` through unchanged, recording the request's timings when it ends."""
-        tags = {"path": path}
         outcome = "error"
         try:
             async for chunk in chunks:
@@ -96,10 +97,14 @@ class RequestMetrics:
             outcome = "cancelled"
             raise
         finally:
+            tags = {"path": clock.path or path}
             if outcome == "ok":
                 self._record(clock, tags, stream=stream)
             elif outcome == "error":
                 self.errors.inc(1, tags=tags)
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()  # end the upstream now (engine abort, counters), not when it is collected
 
     def _record(self, clock: RequestClock, tags: dict[str, str], *, stream: bool) -> None:
         end = time.monotonic()

@@ -4,7 +4,8 @@
 - `SelectiveDecodeServer` is Ray's `PDDecodeServer` (decode engine + prefill orchestration) that first
   counts the prompt's tokens with its own engine's tokenizer: prompts shorter than
   `remote_prefill_min_tokens` are prefilled locally, without any kv_transfer_params, and only the
-  rest go through Ray's remote-prefill hand-off.
+  rest go through the remote-prefill hand-off, run by `serve_app.failover.PrefillFailover` (deadlines,
+  a retry on another prefill replica, local fallback).
 - `MeteredServer` is Ray's plain `LLMServer`, for aggregated mode.
 """
 
@@ -27,6 +28,8 @@ from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (
 from ray.serve.handle import DeploymentHandle
 from ray.serve.llm import LLMConfig
 
+from serve_app.config import FailoverSpec
+from serve_app.failover import PrefillFailover
 from serve_app.metrics import Path, RequestClock, RequestMetrics
 
 logger = get_logger(__name__)
@@ -119,6 +122,7 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         *,
         prefill_server: DeploymentHandle,
         remote_prefill_min_tokens: int = 0,
+        failover: Optional[FailoverSpec] = None,
         **kwargs,
     ):
         self._remote_prefill_min_tokens = remote_prefill_min_tokens
@@ -126,6 +130,8 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         self._handoff_backend: Optional[_HandoffClockBackend] = None
         self._init_metrics(llm_config, mode="disaggregated", role="decode")
         await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
+        self._failover = PrefillFailover(failover or FailoverSpec(), self._prefill_handle, model=llm_config.model_id)
+        self._failover.roles.ensure_started()
         if remote_prefill_min_tokens > 0 and not all(
             hasattr(getattr(self.engine, name, None), method)
             for name, method in (
@@ -163,13 +169,16 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         if prompt_tokens is not None and prompt_tokens < self._remote_prefill_min_tokens:
             self._metrics.accepted("local", prompt_tokens)
             return self._metered(await run_local(self, request, raw), request, clock, "local")
-        self._metrics.accepted("remote")
         return self._metered(self._remote(request, raw, clock), request, clock, "remote")
 
     async def _remote(self, request: Request, raw: Optional[RawRequestInfo], clock: RequestClock):
+        def on_path(path: Path) -> None:
+            clock.path = path
+            self._metrics.accepted(path)
+
         self._clocks[id(request)] = clock
         try:
-            async for chunk in self._pd_handle_request(request, raw):
+            async for chunk in self._failover.run(self, request, raw, on_path):
                 yield chunk
         finally:
             self._clocks.pop(id(request), None)

@@ -1,0 +1,264 @@
+"""Prefill failure semantics of the decode role, in one place (used by SelectiveDecodeServer).
+
+Ray's P/D orchestration (`PDOrchestratorMixin._pd_handle_request`) sends prefill with no deadline and
+passes any prefill failure to the client (a 500 with a Ray traceback, or a hang until the ingress's
+300 s first-token timeout). Before the first token nothing has reached the client, so decode can still
+do better; this module runs the same hand-off (the connector backend's `prepare_prefill_request` /
+`prepare_decode_request`, then the local engine) with a ladder:
+
+  1. remote prefill on a replica chosen within `routing_timeout_s`, answered within `prefill_timeout_s`;
+  2. on failure (error 5xx, dead/unreachable replica, deadline): once more on *another* replica
+     (replicas that just failed are skipped for `suspect_s`);
+  3. then prefill locally on decode (`path="fallback"`): the client gets a normal answer, only slower.
+     At most `max_local_fallbacks` at once per decode replica; beyond that, or with
+     `local_fallback: false`, the request ends with 503 naming the prefill role.
+
+A prefill role that Serve reports without running replicas (RoleWatch) goes straight to step 3.
+A prefill that answers 4xx (bad request, prompt too long) is the client's error and is passed through.
+KV that cannot be loaded after a successful prefill is recomputed by vLLM itself
+(`kv_transfer.load_failure_policy: recompute`). After the first token, failures are the ingress's to
+report (an SSE error event and [DONE]); nothing here retries a started stream.
+
+Every failover logs one line (request id, what failed, where, what served) and is counted in
+ray_rld_prefill_failovers_total{reason, served_by}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Callable, Optional
+
+from ray.llm._internal.common.patches.vllm.tokenize_once import reuse_prompt_token_ids
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
+)
+from ray.llm._internal.serve.core.server.llm_server import LLMServer
+from ray.llm._internal.serve.observability.logging import get_logger
+from ray.llm._internal.serve.utils.server_utils import get_serve_request_id
+from ray.serve._private.http_util import session_id_from_headers
+from ray.serve.handle import DeploymentHandle
+
+from serve_app.config import FailoverSpec
+from serve_app.roles import RoleWatch
+
+logger = get_logger(__name__)
+
+
+class PrefillFailure(Exception):
+    """One remote prefill attempt failed; `reason` is a short metric label, str() the operator's detail."""
+
+    def __init__(self, reason: str, detail: str, replica: Optional[str] = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.replica = replica
+
+
+class _Counters:
+    def __init__(self, tags: dict[str, str]) -> None:
+        self._tags = tags
+        self._counter: Any = None
+
+    def inc(self, reason: str, served_by: str) -> None:
+        if self._counter is None:
+            from ray.util.metrics import Counter
+
+            self._counter = Counter(
+                "rld_prefill_failovers",
+                description="Remote prefills that failed before the first token, by reason, and what served "
+                "the request instead (retry: another prefill replica, fallback: decode itself, error: nobody).",
+                tag_keys=("model", "reason", "served_by"),
+            )
+        self._counter.inc(1, tags={**self._tags, "reason": reason, "served_by": served_by})
+
+
+class PrefillFailover:
+    """Runs one request's prefill -> decode hand-off for a PDDecodeServer subclass (`server`)."""
+
+    def __init__(self, spec: FailoverSpec, prefill: DeploymentHandle, *, model: str, clock: Callable[[], float] = time.monotonic):
+        self.spec = spec
+        self._prefill = prefill  # options(stream=True), as Ray's PDDecodeServer keeps it
+        self._clock = clock
+        self._suspects: dict[str, float] = {}  # replica id -> until
+        self._local_fallbacks = 0
+        self._counters = _Counters({"model": model})
+        self.roles = RoleWatch({"prefill": prefill.deployment_name}, poll_s=spec.status_poll_s)
+
+    async def run(self, server: Any, request: Any, raw: Any, on_path: Callable[[str], None]) -> AsyncIterator[Any]:
+        """The response chunks of `request`; calls `on_path("remote" | "fallback")` once the path is known."""
+        method = "chat" if isinstance(request, ChatCompletionRequest) else "completions"
+        request_id = get_serve_request_id() or getattr(request, "request_id", "?")
+        backend = server._get_connector_backend()
+        if backend.requires_peer_binding or backend.concurrent_handoff:
+            # Connectors that bind or stream concurrently (MoRIIO) keep Ray's own orchestration.
+            on_path("remote")
+            async for chunk in server._pd_handle_request(request, raw):
+                yield chunk
+            return
+
+        prefill_chunk, failures = await self._remote_prefill(server, backend, method, request, raw, request_id)
+        if isinstance(prefill_chunk, ErrorResponse):
+            on_path("remote")
+            yield prefill_chunk  # the client's error (4xx), as prefill reported it
+            return
+        if prefill_chunk is not None:
+            on_path("remote")
+            if failures:
+                self._record(request_id, failures, "retry")
+            decode_request = backend.prepare_decode_request(request=request, peer=None, prefill_response=prefill_chunk)
+            with reuse_prompt_token_ids(server._decode_reuse_ids(prefill_chunk)):
+                chunks = await getattr(LLMServer, method)(server, decode_request, raw)
+                async for chunk in chunks:
+                    yield chunk
+            return
+
+        if not self.spec.local_fallback or self._local_fallbacks >= self.spec.max_local_fallbacks:
+            self._record(request_id, failures, "error")
+            on_path("remote")
+            why = (
+                "local fallback is off (failover.local_fallback)"
+                if not self.spec.local_fallback
+                else f"{self._local_fallbacks} requests already prefill locally (failover.max_local_fallbacks)"
+            )
+            yield _unavailable(
+                f"The prefill role is unavailable: {failures[-1]}; {why}. Retry after "
+                f"{self.spec.retry_after_s} s. Operators: check `serve status` and the prefill replica logs.",
+            )
+            return
+        self._record(request_id, failures, "fallback")
+        on_path("fallback")
+        self._local_fallbacks += 1
+        try:
+            chunks = await getattr(LLMServer, method)(server, request, raw)
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self._local_fallbacks -= 1
+
+    def _record(self, request_id: str, failures: list[PrefillFailure], served_by: str) -> None:
+        for failure in failures:
+            self._counters.inc(failure.reason, served_by)
+        what = "; then ".join(f"{f.reason}: {f}" for f in failures)
+        served = {
+            "retry": "served by another prefill replica",
+            "fallback": "prefilled locally on decode (path=fallback)",
+            "error": "answered 503",
+        }[served_by]
+        log = logger.error if served_by == "error" else logger.warning
+        log("prefill failover request_id=%s: %s -> %s", request_id, what, served)
+
+    async def _remote_prefill(
+        self, server: Any, backend: Any, method: str, request: Any, raw: Any, request_id: str
+    ) -> tuple[Any, list[PrefillFailure]]:
+        """(prefill chunk | client ErrorResponse | None, failures so far)."""
+        failures: list[PrefillFailure] = []
+        down = self.roles.unavailable("prefill")
+        if down is not None:
+            return None, [PrefillFailure("prefill_unavailable", down.describe())]
+        handle = self._prefill
+        if raw is not None:
+            session_id = session_id_from_headers(raw.headers)
+            if session_id:
+                handle = handle.options(session_id=session_id)
+        prefill_method = getattr(handle, method)
+        prefill_request = backend.prepare_prefill_request(request=request, peer=None)
+        server._request_prefill_token_ids(prefill_request)
+        attempts = 2 if self.spec.retry_other_prefill else 1
+        for _ in range(attempts):
+            try:
+                return await self._attempt(prefill_method, prefill_request, raw), failures
+            except PrefillFailure as failure:
+                failures.append(failure)
+                if failure.replica:
+                    self._suspects[failure.replica] = self._clock() + self.spec.suspect_s
+                if failure.reason == "no_healthy_replica":
+                    break  # nothing else to try remotely
+        return None, failures
+
+    def _is_suspect(self, replica_id: str) -> bool:
+        until = self._suspects.get(replica_id)
+        if until is None:
+            return False
+        if until <= self._clock():
+            del self._suspects[replica_id]
+            return False
+        return True
+
+    async def _attempt(self, prefill_method: Any, prefill_request: Any, raw: Any) -> Any:
+        deadline = self._clock() + self.spec.routing_timeout_s
+        # Pick a replica that did not just fail; a few picks, all within the routing deadline.
+        for _ in range(3):
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                break
+            context = prefill_method.choose_replica(prefill_request, raw)
+            try:
+                selection = await asyncio.wait_for(context.__aenter__(), timeout=remaining)
+            except asyncio.TimeoutError:
+                raise PrefillFailure(
+                    "routing_timeout",
+                    f"no prefill replica could be chosen within {self.spec.routing_timeout_s:.1f} s "
+                    "(none running, or all at capacity)",
+                ) from None
+            except Exception as exc:  # noqa: BLE001 - DeploymentUnavailableError, router errors
+                raise PrefillFailure("unavailable", f"choosing a prefill replica failed: {type(exc).__name__}: {exc}") from exc
+            replica = str(selection.replica_id)
+            try:
+                if self._is_suspect(replica):
+                    continue
+                return await self._call(prefill_method, selection, prefill_request, raw, replica)
+            finally:
+                await context.__aexit__(None, None, None)
+        raise PrefillFailure(
+            "no_healthy_replica",
+            f"every prefill replica the router offered failed in the last {self.spec.suspect_s:.0f} s",
+        )
+
+    async def _call(self, prefill_method: Any, selection: Any, prefill_request: Any, raw: Any, replica: str) -> Any:
+        response = prefill_method.dispatch(selection, prefill_request, raw)
+        try:
+            chunk = await asyncio.wait_for(response.__anext__(), timeout=self.spec.prefill_timeout_s)
+        except asyncio.TimeoutError:
+            response.cancel()  # aborts the request on the prefill engine once it answers again
+            raise PrefillFailure(
+                "timeout", f"prefill replica {replica} did not answer within {self.spec.prefill_timeout_s:.1f} s", replica
+            ) from None
+        except StopAsyncIteration:
+            raise PrefillFailure("error", f"prefill replica {replica} returned nothing", replica) from None
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - actor died/unavailable, engine dead, any RayTaskError
+            raise PrefillFailure("replica_failed", f"prefill replica {replica} failed: {_short(exc)}", replica) from exc
+        try:
+            # One token was asked for: the stream ends right away. Drain it so Serve's accounting closes.
+            await asyncio.wait_for(_drain(response), timeout=self.spec.prefill_timeout_s)
+        except Exception:  # noqa: BLE001 - we already have what we need
+            response.cancel()
+        if isinstance(chunk, ErrorResponse):
+            code = int(chunk.error.code or 500)
+            if code < 500:
+                return chunk
+            raise PrefillFailure("error", f"prefill replica {replica} answered {code}: {chunk.error.message}", replica)
+        if not getattr(chunk, "kv_transfer_params", None):
+            raise PrefillFailure("error", f"prefill replica {replica} returned no kv_transfer_params", replica)
+        return chunk
+
+
+async def _drain(response: Any) -> None:
+    async for _ in response:
+        pass
+
+
+def _short(exc: BaseException) -> str:
+    """One line about an exception: its type and the first line of its message (no remote traceback)."""
+    cause = getattr(exc, "cause", None)
+    target = cause if isinstance(cause, BaseException) else exc
+    first = str(target).strip().splitlines()[0] if str(target).strip() else ""
+    return f"{type(target).__name__}: {first[:200]}"
+
+
+def _unavailable(message: str) -> ErrorResponse:
+    return ErrorResponse(error=ErrorInfo(message=message, type="prefill_unavailable", code=503))
