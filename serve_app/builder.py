@@ -70,25 +70,31 @@ def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
             served_config,
             name_prefix="Decode:",
             deployment_cls=SelectiveDecodeServer,
-            bind_kwargs={"prefill_server": prefill, "remote_prefill_min_tokens": app.remote_prefill_min_tokens},
+            bind_kwargs={
+                "prefill_server": prefill,
+                "remote_prefill_min_tokens": app.remote_prefill_min_tokens,
+                "failover": app.failover,
+            },
         )
+        roles = {"decode": served._bound_deployment.name, "prefill": prefill._bound_deployment.name}
     else:
         served_config = configs["decode"]
         served = build_llm_deployment(served_config, name_prefix="Aggregated:", deployment_cls=MeteredServer)
-    return _bind_ingress(app, served_config, served)
+        roles = {"decode": served._bound_deployment.name}
+    return _bind_ingress(app, served_config, served, roles)
 
 
-def _bind_ingress(app: AppConfig, served_config: LLMConfig, served: Application) -> Application:
+def _bind_ingress(app: AppConfig, served_config: LLMConfig, served: Application, roles: dict[str, str]) -> Application:
     options = maybe_apply_llm_deployment_config_defaults(
         BoundedOpenAiIngress.get_deployment_options([served_config]), ingress_deployment_config(app)
     )
     model_id = served_config.model_id
     return serve.deployment(
-        make_fastapi_ingress(BoundedOpenAiIngress, endpoint_map=ENDPOINTS, app=make_app()), **options
+        make_fastapi_ingress(BoundedOpenAiIngress, endpoint_map=ENDPOINTS, app=make_app(app)), **options
     ).bind(
         llm_deployments={model_id: served},
         model_cards={model_id: to_model_metadata(model_id, served_config)},
         lora_paths={},
-        first_token_timeout_s=app.timeouts.first_token_s,
-        between_tokens_timeout_s=app.timeouts.between_tokens_s,
+        app_config=app,
+        role_deployments=roles,
     )

@@ -1,111 +1,125 @@
-"""The OpenAI ingress: Ray Serve LLM's `OpenAiIngress` with bounded engine calls and OpenAI-shaped errors.
+"""The OpenAI ingress: Ray Serve LLM's `OpenAiIngress`, made safe to put on a network.
 
-What Ray 2.58's ingress does by itself (measured on this stack): unknown model -> 404 but as FastAPI's
-`{"detail": ...}`; malformed JSON -> 400 `{"error": ...}`; engine validation errors (max_tokens < 1,
-prompt longer than the context) -> 400 with a message wrapped in "Message: ..., Internal exception: ...";
-a whole request is bounded by RAY_SERVE_LLM_ROUTER_HTTP_TIMEOUT (600 s, 408) but a started stream is
-not; a dead engine replica surfaces as a bare 500. This module:
-  - answers every error as OpenAI does: `{"error": {"message", "type", "param", "code"}}` with the
-    HTTP status (400 invalid request/JSON/context length, 404 unknown model, 503 engine unavailable);
-  - bounds the wait for the first chunk and between chunks (AppConfig.timeouts) -> 503;
-  - adds GET /health: 200 when the model's serving deployment answers its health check, else 503.
-Mid-stream failures cannot change the HTTP status any more; they end the stream with an SSE
-`data: {"error": {...}}` event, which is how vLLM reports mid-stream errors too.
+The concerns live in small modules beside this one and are composed here, in request order:
+
+  SetRequestIdMiddleware (Ray's)   every request gets an id (x-request-id), returned on every response
+  CORS (only if configured)        explicit origins, never credentials
+  auth.ApiKeyAuth                  401 without a valid `Authorization: Bearer` key (readiness stays open)
+  limits.RequestGuard              413 over limits.max_body_bytes; Serve's control headers neutralised;
+                                   the request is cancelled (engines abort) when the client disconnects
+  BoundedOpenAiIngress.chat/completions:
+    limits.parse_json_object / validate_request   every bad body is a 4xx naming the parameter
+    roles.RoleWatch                 a role without running replicas: 503 + Retry-After at once (or overflow)
+    overflow.Overflow               saturated or role down: an external OpenAI endpoint serves it (opt-in)
+    admission.Admission             bounded queue per ingress replica: 429 + Retry-After beyond it
+    _get_response + bounded_chunks  deadlines on the engine (first chunk, between chunks), one retry when
+                                    the decode replica died before the first chunk, explicit cancel
+
+Only the endpoints we serve are routed: /v1/models, /v1/models/{id}, /v1/chat/completions,
+/v1/completions and /health (no /tokenize, /v1/embeddings, /v1/score, audio, /docs or /openapi.json).
+
+Error answers are OpenAI-shaped (serve_app.errors). A stream that already started cannot change its
+status any more; a failure after the first chunk ends it with an SSE `data: {"error": ...}` event and
+`data: [DONE]`, which is how vLLM reports mid-stream errors too.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Optional
+import json
+import time
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ErrorInfo,
+    ChatCompletionRequest,
     ErrorResponse,
     OpenAIHTTPException,
 )
 from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from ray.llm._internal.serve.core.ingress.middleware import SetRequestIdMiddleware
+from ray.llm._internal.serve.core.protocol import RawRequestInfo
 from ray.llm._internal.serve.observability.logging import get_logger
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.llm._internal.serve.observability.metrics.fast_api_metrics import (
+    add_http_metrics_middleware,
+    metrics_lifespan,
+)
+from ray.serve._private.http_util import session_id_from_headers
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RayServeException
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve_app.admission import Admission, ReleasingResponse
+from serve_app.auth import ApiKeyAuth
+from serve_app.config import AppConfig, AuthSpec, FailoverSpec, LimitsSpec, OverflowSpec, TimeoutSpec
+from serve_app.errors import (
+    REQUEST_ID_HEADER,
+    RETRY_HINT,
+    EngineUnavailable,
+    OpenAIError,
+    RoleUnavailable,
+    error_json,
+)
+from serve_app.limits import RequestGuard, parse_json_object, validate_request
+from serve_app.overflow import BACKEND_HEADER, Overflow, OverflowFailed
+from serve_app.roles import RoleWatch
 
 logger = get_logger(__name__)
 
 # An engine replica that died, is restarting, or refuses work because its queue is full.
 ENGINE_UNAVAILABLE = (RayActorError, ActorUnavailableError, DeploymentUnavailableError, BackPressureError)
 HEALTH_CHECK_TIMEOUT_S = 10.0
-RETRY_HINT = (
-    "Serve restarts failed engine replicas; retry in a minute. Operators: check `serve status` and the "
-    "replica logs (serve/replica_*.log, worker-*.err)."
-)
+ROLE_CHECK_STEP_S = 1.0  # while waiting for a first chunk, how often to look whether the role went away
 
 
-class OpenAIError(OpenAIHTTPException):
-    """An error answered as OpenAI does: HTTP status + {"error": {message, type, param, code}}."""
+class _Retryable(Exception):
+    """The decode replica died before sending anything: the request may be sent again."""
 
-    def __init__(self, status_code: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None):
-        kind = "invalid_request_error" if status_code < 500 else "server_error"
-        super().__init__(status_code, message, type=kind)
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def as_error_response(self) -> ErrorResponse:
-        """The same error as a stream event (vLLM's ErrorInfo wants the HTTP status as code)."""
-        return ErrorResponse(
-            error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.status_code)
-        )
-
-    @classmethod
-    def from_engine(cls, error: ErrorResponse, what: str) -> "OpenAIError":
-        """vLLM/Ray reported the error: 4xx keep their status, message and param (validation, context
-        length...); 5xx mean the engine itself failed and become a retryable 503."""
-        info = error.error
-        status_code = int(info.code or 500)
-        if status_code >= 500:
-            return EngineUnavailable(f"{what}: the engine failed ({info.type}: {info.message}). {RETRY_HINT}")
-        code = "context_length_exceeded" if "maximum context length" in info.message else None
-        return cls(status_code, info.message, param=info.param, code=code)
-
-
-class EngineUnavailable(OpenAIError):
-    def __init__(self, message: str) -> None:
-        super().__init__(status.HTTP_503_SERVICE_UNAVAILABLE, message, code="engine_unavailable")
+    def __init__(self, error: OpenAIError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 async def bounded_chunks(
-    chunks: AsyncIterator[Any], *, first_s: float, between_s: float, what: str
+    chunks: AsyncIterator[Any],
+    *,
+    first_s: float,
+    between_s: float,
+    what: str,
+    role_down: Optional[Callable[[], Optional[OpenAIError]]] = None,
 ) -> AsyncIterator[Any]:
-    """Pass `chunks` through; raise (before the first chunk) or yield (after it) a 503 error when the
-    engine stops answering within the deadline or its replica is unavailable."""
+    """Pass `chunks` through. Before the first chunk: raise an OpenAIError (503 when the engine is silent
+    past `first_s`, dead, or its role went away; the engine's own 4xx as it was), or `_Retryable` when
+    the replica died. After it: end the stream with an error event when anything goes wrong."""
     iterator = chunks.__aiter__()
     started = False
     try:
         while True:
             limit = between_s if started else first_s
             try:
-                chunk = await asyncio.wait_for(iterator.__anext__(), timeout=limit)
+                chunk = await _next_chunk(iterator, limit, None if started else role_down)
             except StopAsyncIteration:
                 return
-            except (asyncio.TimeoutError, *ENGINE_UNAVAILABLE, RayTaskError) as exc:
-                if isinstance(exc, RayTaskError) and not _engine_died(exc):
-                    raise
-                failure = EngineUnavailable(_explain(exc, what, limit, started))
+            except OpenAIError:
+                raise  # the role went away while we waited (RoleUnavailable)
+            except Exception as exc:  # noqa: BLE001 - every engine-side failure is mapped below
+                failure = _engine_failure(exc, what, limit, started)
+                if started:
+                    logger.error("%s (after the first chunk: the stream ends with an error event)", failure.message)
+                    yield failure.as_error_response()
+                    return
                 logger.error("%s", failure.message)
-                if not started:
-                    raise failure from exc
-                yield failure.as_error_response()
-                return
+                if isinstance(exc, ENGINE_UNAVAILABLE) or _engine_died(exc):
+                    raise _Retryable(failure) from exc
+                raise failure from exc
             if not started:
-                first = chunk[0] if isinstance(chunk, list) and chunk else chunk
-                if isinstance(first, ErrorResponse):
-                    raise OpenAIError.from_engine(first, what)
+                error = _first_chunk_error(chunk)
+                if error is not None:
+                    raise OpenAIError.from_engine(error, what)
             started = True
             yield chunk
     finally:
@@ -114,75 +128,151 @@ async def bounded_chunks(
             await aclose()
 
 
-def _engine_died(exc: RayTaskError) -> bool:
+async def _next_chunk(iterator: Any, limit: float, role_down: Optional[Callable[[], Optional[OpenAIError]]]) -> Any:
+    if role_down is None:
+        return await asyncio.wait_for(iterator.__anext__(), timeout=limit)
+    task = asyncio.ensure_future(iterator.__anext__())
+    deadline = time.monotonic() + limit
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(remaining, ROLE_CHECK_STEP_S)))
+            if done:
+                return task.result()
+            if remaining <= ROLE_CHECK_STEP_S:
+                raise asyncio.TimeoutError()
+            error = role_down()
+            if error is not None:
+                raise error
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _first_chunk_error(chunk: Any) -> Optional[ErrorResponse]:
+    """An error as the first chunk: an ErrorResponse, or vLLM's in-band SSE error string
+    (`data: {"error": ...}`) that a stream carries when the engine fails right away."""
+    first = chunk[0] if isinstance(chunk, list) and chunk else chunk
+    if isinstance(first, ErrorResponse):
+        return first
+    if isinstance(first, str) and first.startswith('data: {"error"'):
+        try:
+            return ErrorResponse.model_validate(json.loads(first[len("data: "):].split("\n\n", 1)[0]))
+        except ValueError:
+            return None
+    return None
+
+
+def _engine_died(exc: BaseException) -> bool:
     """A replica call failed because its vLLM engine process is gone (vLLM's EngineDeadError)."""
     cause = getattr(exc, "cause", None)
-    return type(cause).__name__ == "EngineDeadError" or "EngineDeadError" in str(exc)
+    return type(cause).__name__ == "EngineDeadError" or (isinstance(exc, RayTaskError) and "EngineDeadError" in str(exc))
 
 
-def _explain(exc: BaseException, what: str, limit: float, started: bool) -> str:
+def _engine_failure(exc: BaseException, what: str, limit: float, started: bool) -> OpenAIError:
+    """What to tell the client about an engine-side exception: no remote traceback, a clear next step."""
     if isinstance(exc, asyncio.TimeoutError):
         phase = "between two response chunks" if started else "before the first response chunk"
-        return (
+        return EngineUnavailable(
             f"{what}: the engine sent nothing for {limit:.0f} s {phase}; it may be dead, wedged or "
             "overloaded. Retry later; operators: check `serve status` and the engine replica logs, and "
             "raise timeouts.first_token_s/between_tokens_s if long prompts are expected."
         )
     if isinstance(exc, BackPressureError):
-        return f"{what}: the engine replicas are at capacity ({exc}). Retry later."
-    if isinstance(exc, RayTaskError):
-        return f"{what}: the vLLM engine process died. {RETRY_HINT}"
-    return f"{what}: the engine replica is unavailable ({type(exc).__name__}: {exc}). {RETRY_HINT}"
+        return EngineUnavailable(f"{what}: the engine replicas are at capacity. Retry later.")
+    if _engine_died(exc):
+        return EngineUnavailable(f"{what}: the vLLM engine process died. {RETRY_HINT}")
+    if isinstance(exc, ENGINE_UNAVAILABLE):
+        return EngineUnavailable(f"{what}: the engine replica is unavailable ({type(exc).__name__}). {RETRY_HINT}")
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, ValueError) and not started:
+        # vLLM's validation errors raised instead of returned: the request is the problem.
+        first_line = (str(cause).strip().splitlines() or ["invalid request"])[0][:300]
+        return OpenAIError(400, f"{what}: {first_line}")
+    kind = type(cause).__name__ if isinstance(cause, BaseException) else type(exc).__name__
+    return EngineUnavailable(f"{what}: the engine failed ({kind}). {RETRY_HINT}")
 
 
-def _openai_error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(status_code=error.status_code, content=error.body())
+def _request_id(request: Request) -> Optional[str]:
+    return getattr(request.state, "request_id", None) or request.headers.get(REQUEST_ID_HEADER)
 
 
-async def _on_openai_http_exception(_request: Request, exc: OpenAIHTTPException) -> JSONResponse:
+async def _on_openai_http_exception(request: Request, exc: OpenAIHTTPException) -> JSONResponse:
     if not isinstance(exc, OpenAIError):
         exc = OpenAIError(exc.status_code, exc.message)
-    return _openai_error_response(exc)
+    return error_json(exc)
 
 
-async def _on_http_exception(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _on_http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     message = str(exc.detail)
     unknown_model = exc.status_code == status.HTTP_404_NOT_FOUND and "model" in message.lower()
-    return _openai_error_response(
-        OpenAIError(
-            exc.status_code,
-            message,
-            param="model" if unknown_model else None,
-            code="model_not_found" if unknown_model else None,
-        )
+    if exc.status_code == status.HTTP_404_NOT_FOUND and not unknown_model:
+        message = f"Unknown path {request.url.path}: this endpoint serves /v1/models, /v1/chat/completions, /v1/completions and /health."
+    error = OpenAIError(
+        exc.status_code,
+        message,
+        param="model" if unknown_model else None,
+        code="model_not_found" if unknown_model else None,
     )
+    return error_json(error)
 
 
-async def _on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    if first.get("type") == "json_invalid":
-        error = OpenAIError(400, f"The request body is not valid JSON: {first.get('msg', 'decode error')}.", code="invalid_json")
-    else:
-        param = ".".join(location) or None
-        error = OpenAIError(400, f"Invalid value for {param or 'the request'}: {first.get('msg', 'invalid')}.", param=param)
-    return _openai_error_response(error)
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "path", "query")]
+    param = ".".join(location) or None
+    error = OpenAIError(400, f"Invalid value for {param or 'the request'}: {first.get('msg', 'invalid')}.", param=param)
+    return error_json(error)
 
 
-def make_app() -> FastAPI:
-    """Ray's ingress FastAPI app (middleware, metrics, request ids) with OpenAI-shaped error handlers."""
-    app = ray_ingress.init()
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """Last resort: a bug of ours. Log it in full, tell the client only the request id."""
+    request_id = _request_id(request)
+    logger.error("unexpected error while serving request_id=%s %s %s", request_id, request.method, request.url.path, exc_info=exc)
+    error = OpenAIError(
+        500,
+        f"Internal error (request id {request_id}). Operators: the ingress replica log has the traceback "
+        "under this request id.",
+    )
+    return error_json(error)
+
+
+def make_app(app_config: Optional[AppConfig] = None) -> FastAPI:
+    """The ingress FastAPI app: Ray's lifespan, metrics middleware and request ids, our guards and
+    OpenAI-shaped error handlers; no docs/OpenAPI routes and no CORS unless origins are configured."""
+    auth = app_config.auth if app_config else AuthSpec()
+    limits = app_config.limits if app_config else LimitsSpec()
+    app = FastAPI(lifespan=metrics_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(OpenAIHTTPException, _on_openai_http_exception)
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(Exception, _on_unexpected)
+    # Middleware runs outermost-last-added: request id, CORS, auth, guard, metrics, handlers.
+    add_http_metrics_middleware(app)
+    app.add_middleware(RequestGuard, max_body_bytes=limits.max_body_bytes)
+    if auth.enabled:
+        app.add_middleware(ApiKeyAuth, spec=auth)
+    if auth.cors_allow_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(auth.cors_allow_origins),
+            allow_credentials=False,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
+    app.add_middleware(SetRequestIdMiddleware)
     return app
 
 
-ENDPOINTS = {**ray_ingress.DEFAULT_ENDPOINTS, "health": lambda app: app.get("/health")}
+ENDPOINTS = {
+    **{name: ray_ingress.DEFAULT_ENDPOINTS[name] for name in ("models", "model_data", "completions", "chat")},
+    "health": lambda app: app.get("/health"),
+}
 
 
 class BoundedOpenAiIngress(OpenAiIngress):
-    """OpenAiIngress with deadlines on engine calls, 503s for unavailable engines and GET /health."""
+    """OpenAiIngress with validation, admission control, overflow, role awareness, deadlines on engine
+    calls and GET /health (readiness over both roles)."""
 
     def __init__(
         self,
@@ -190,32 +280,139 @@ class BoundedOpenAiIngress(OpenAiIngress):
         model_cards,
         *,
         lora_paths: Optional[dict[str, str]] = None,
-        first_token_timeout_s: float = 300.0,
-        between_tokens_timeout_s: float = 60.0,
+        app_config: Optional[AppConfig] = None,
+        role_deployments: Optional[dict[str, str]] = None,
         **kwargs: Any,
     ):
         super().__init__(llm_deployments, model_cards, lora_paths=lora_paths, **kwargs)
-        self._first_token_timeout_s = first_token_timeout_s
-        self._between_tokens_timeout_s = between_tokens_timeout_s
+        self._timeouts = app_config.timeouts if app_config else TimeoutSpec()
+        self._limits = app_config.limits if app_config else LimitsSpec()
+        self._failover = app_config.failover if app_config else FailoverSpec()
+        self._max_model_len = app_config.max_model_len() if app_config else None
+        in_flight, queued = app_config.admission_limits() if app_config else (500, 500)
+        admission = app_config.admission if app_config else None
+        self._admission = Admission(
+            in_flight,
+            queued,
+            max_queue_wait_s=admission.max_queue_wait_s if admission else 30,
+            retry_after_s=admission.retry_after_s if admission else 5,
+        )
+        self._overflow = Overflow(app_config.overflow if app_config else OverflowSpec(), self._timeouts)
+        self._roles = RoleWatch(role_deployments or {}, poll_s=self._failover.status_poll_s)
+        try:
+            self._roles.ensure_started()
+        except Exception:  # noqa: BLE001 - started lazily on the first request instead
+            pass
+
+    # ---- endpoints ----
+
+    async def chat(self, request: Request) -> Response:
+        return await self._serve_openai(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve_openai(request, "completions")
 
     async def health(self) -> JSONResponse:
-        """200 when every model's serving deployment passes its engine health check, else 503."""
-        for model_id, handle in self._default_serve_handles.items():
+        """Readiness: 200 when requests can be served (both roles up, or prefill down but decode
+        prefills locally: status "degraded"), 503 naming the role otherwise."""
+        roles: dict[str, str] = {}
+        for role, state in self._roles.snapshot().items():
+            roles[role] = "unknown" if state is None else ("ok" if state.available else f"unavailable: {state.describe()}")
+        blocking = self._blocking_role()
+        if blocking is None:
+            for model_id, handle in self._default_serve_handles.items():
+                try:
+                    await asyncio.wait_for(handle.check_health.remote(), timeout=HEALTH_CHECK_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
+                    roles.setdefault("decode", "ok")
+                    roles["decode"] = f"unavailable: health check failed ({type(exc).__name__})"
+                    blocking = EngineUnavailable(f"model {model_id!r} is not healthy: {type(exc).__name__}: {exc}")
+        models = sorted(self._default_serve_handles)
+        if blocking is not None:
+            body = {**blocking.body(), "status": "unavailable", "models": models, "roles": roles}
+            return JSONResponse(status_code=503, content=body, headers=blocking.headers())
+        degraded = any(v.startswith("unavailable") for v in roles.values())
+        return JSONResponse({"status": "degraded" if degraded else "ok", "models": models, "roles": roles})
+
+    # ---- the request path ----
+
+    def _blocking_role(self) -> Optional[RoleUnavailable]:
+        """A role whose absence means this request cannot be served here (decode; prefill only when
+        decode may not prefill locally)."""
+        roles = ["decode"] + ([] if self._failover.local_fallback else ["prefill"])
+        for role in roles:
+            state = self._roles.unavailable(role)
+            if state is not None:
+                return RoleUnavailable(role, state.describe(), retry_after_s=self._failover.retry_after_s)
+        return None
+
+    async def _serve_openai(self, request: Request, kind: str) -> Response:
+        request_id = _request_id(request)
+        data = parse_json_object(await request.body())
+        body = validate_request(
+            data, kind, limits=self._limits, models=self._model_cards, max_model_len=self._max_model_len
+        )
+        model_id = body.model or next(iter(self._model_cards))
+        blocked = self._blocking_role()
+        if blocked is not None:
+            if self._overflow.on_role_unavailable():
+                try:
+                    return await self._overflow.forward(kind, data, model_id=model_id, reason=f"{blocked.role}_unavailable", request_id=request_id)
+                except OverflowFailed:
+                    pass
+            logger.warning("request_id=%s: %s", request_id, blocked.message)
+            raise blocked
+        if self._overflow.on_saturation(would_queue=self._admission.would_queue(), queued=self._admission.queued):
             try:
-                await asyncio.wait_for(handle.check_health.remote(), timeout=HEALTH_CHECK_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
-                return _openai_error_response(
-                    EngineUnavailable(f"model {model_id!r} is not healthy: {type(exc).__name__}: {exc}")
-                )
-        return JSONResponse({"status": "ok", "models": sorted(self._default_serve_handles)})
+                return await self._overflow.forward(kind, data, model_id=model_id, reason="saturated", request_id=request_id)
+            except OverflowFailed:
+                pass
+        release = await self._admission.acquire()
+        try:
+            response = await self._process_llm_request(body, call_method=kind, raw_request=request)
+        except BaseException:
+            release()
+            raise
+        return ReleasingResponse(response, release, {BACKEND_HEADER: "cluster"})
+
+    def _role_down_error(self) -> Optional[OpenAIError]:
+        return self._blocking_role()
 
     async def _get_response(self, *, body, call_method: str, raw_request=None):
-        chunks = super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
+        """Ray's `_get_response` (handle call to the serving deployment), plus: deadlines, a role that
+        goes away ends the wait, one retry when the replica died before the first chunk, and the
+        downstream request is cancelled explicitly when this one ends early."""
+        model_id = await self._get_model_id(body.model)
+        handle = self._get_configured_serve_handle(model_id)
+        if raw_request is not None:
+            session_id = session_id_from_headers(raw_request.headers)
+            if session_id:
+                handle = handle.options(session_id=session_id)
+        if isinstance(body, ChatCompletionRequest):
+            body = ray_ingress._sanitize_chat_completion_request(body)
+        raw_info = RawRequestInfo.from_starlette_request(raw_request) if raw_request is not None else None
         what = f"{call_method} request for model {body.model!r}"
-        async for chunk in bounded_chunks(
-            chunks,
-            first_s=self._first_token_timeout_s,
-            between_s=self._between_tokens_timeout_s,
-            what=what,
-        ):
-            yield chunk
+        for attempt in (1, 2):
+            response = getattr(handle, call_method).remote(body, raw_info)
+            finished = False
+            try:
+                async for chunk in bounded_chunks(
+                    response,
+                    first_s=self._timeouts.first_token_s,
+                    between_s=self._timeouts.between_tokens_s,
+                    what=what,
+                    role_down=self._role_down_error,
+                ):
+                    yield chunk
+                finished = True
+                return
+            except _Retryable as retryable:
+                if attempt == 2:
+                    raise retryable.error from None
+                logger.warning("%s; sending it once more (Serve routes around the dead replica)", retryable.error.message)
+            finally:
+                if not finished:
+                    try:
+                        response.cancel()
+                    except (RayServeException, RuntimeError):
+                        pass
