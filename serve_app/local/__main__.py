@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deploy-timeout", type=float, default=900,
                         help="seconds to wait for the engines (about 3 min on an idle 2-core machine)")
     parser.add_argument("--exit-when-ready", action="store_true", help="stop again right after READY (smoke test)")
+    parser.add_argument(
+        "--api-key", action="append", default=[], metavar="KEY",
+        help="require `Authorization: Bearer KEY` (repeatable: several valid keys); without it auth is off",
+    )
     args = parser.parse_args(argv)
 
     stop_requested = threading.Event()
@@ -40,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, on_signal)
 
     install_handlers()
-    stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=PortPlan(http=args.port))
+    stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=PortPlan(http=args.port), api_keys=tuple(args.api_key))
     try:
         stack.start(deploy_timeout_s=args.deploy_timeout)
     except KeyboardInterrupt:
@@ -59,9 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         f"RSS {memory['rss'] / 1024**3:.1f} GB, USS {memory['uss'] / 1024**3:.1f} GB"
     )
     url = stack.base_url("llm")
+    auth = f"-H 'Authorization: Bearer {stack.api_key}' " if stack.api_key else ""
+    if stack.api_key:
+        log(f"auth on: {len(stack.api_keys)} API key(s), in {stack.api_keys_file} (rewrite it to rotate)")
+    else:
+        log("auth OFF: anyone who reaches the port can generate (pass --api-key KEY to require a key)")
     print(
         f"READY {args.mode} model={MODEL_ID} at {url} ({t['total']:.0f} s) -- try: curl -s {url}/chat/completions "
-        f"-H 'Content-Type: application/json' -d "
+        f"{auth}-H 'Content-Type: application/json' -d "
         f"'{{\"model\": \"{MODEL_ID}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hello\"}}], \"max_tokens\": 16}}'",
         flush=True,
     )

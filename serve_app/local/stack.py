@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import yaml
 
-from serve_app.config import DEFAULT_ROLE_LABEL_KEY
+from serve_app.config import DEFAULT_ROLE_LABEL_KEY, AppConfig
 from serve_app.local.cluster import LocalRayCluster, PortPlan
 from serve_app.local.serve_config import MODEL_ID, local_app_args, serve_deploy_config
 from serve_app.local.tiny_model import ensure_tiny_model
@@ -30,18 +30,52 @@ def log(message: str) -> None:
 
 @dataclass
 class LocalStack:
-    """The demo/test deployment. `apps` maps app name -> (route prefix, mode)."""
+    """The demo/test deployment. `apps` maps app name -> (route prefix, mode).
+
+    `api_keys`: auth on, with these keys (written to `api_keys_file`, which tests may rewrite to rotate).
+    `app_overrides`: per app, AppConfig args merged over the local defaults (e.g. admission limits).
+    `pending_apps`: apps that are expected never to become RUNNING (a role that cannot be placed):
+    start() waits only for their ingress and sends them no warm-up request.
+    """
 
     apps: dict[str, tuple[str, str]] = field(default_factory=lambda: {"disagg": ("/", "disaggregated")})
     ports: PortPlan = field(default_factory=PortPlan)
     side_channel_ports: Optional[dict[str, int]] = None
     role_label_key: str = DEFAULT_ROLE_LABEL_KEY
+    api_keys: tuple[str, ...] = ()
+    app_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending_apps: frozenset[str] = frozenset()
     cluster: LocalRayCluster = field(init=False)
     serve_config: dict[str, Any] = field(init=False, default_factory=dict)
     timings: dict[str, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.cluster = LocalRayCluster(role_label_key=self.role_label_key, ports=self.ports)
+
+    @property
+    def api_keys_file(self) -> Path:
+        return self.cluster.temp_dir / "api-keys"
+
+    def _app_args(self, name: str, mode: str, model_path: Path) -> dict[str, Any]:
+        args = local_app_args(
+            str(model_path),
+            mode=mode,
+            role_label_key=self.role_label_key,
+            side_channel_ports=self.side_channel_ports,
+        )
+        if self.api_keys:
+            args["auth"] = {**args["auth"], "api_keys_file": str(self.api_keys_file)}
+        args = _merged(args, self.app_overrides.get(name, {}))
+        return AppConfig.model_validate(args).model_dump(mode="json", exclude_defaults=False)
+
+    def write_api_keys(self, keys: tuple[str, ...]) -> None:
+        """(Re)write the key file the apps read; they pick up a change within a few seconds."""
+        path = self.api_keys_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(".tmp")
+        staging.write_text("".join(f"{k}\n" for k in keys))
+        staging.chmod(0o600)
+        staging.replace(path)  # atomic, like a Kubernetes Secret volume update
 
     def base_url(self, app: str = "disagg") -> str:
         prefix = self.apps[app][0].rstrip("/")
@@ -67,17 +101,11 @@ class LocalStack:
         self.cluster.start()
         self.timings["ray_start"] = time.monotonic() - t1
 
+        if self.api_keys:
+            self.write_api_keys(self.api_keys)
         self.serve_config = serve_deploy_config(
             {
-                name: {
-                    "route_prefix": prefix,
-                    "args": local_app_args(
-                        str(model_path),
-                        mode=mode,
-                        role_label_key=self.role_label_key,
-                        side_channel_ports=self.side_channel_ports,
-                    ),
-                }
+                name: {"route_prefix": prefix, "args": self._app_args(name, mode, model_path)}
                 for name, (prefix, mode) in self.apps.items()
             },
             http_port=self.ports.http,
@@ -122,7 +150,7 @@ class LocalStack:
             if failed:
                 details = "\n".join(f"{n}: {a.message}" for n, a in failed.items())
                 raise RuntimeError(f"Serve app(s) failed to deploy:\n{details}\nLogs: {self._logs()}")
-            if all(s == "RUNNING" for s in states.values()):
+            if all(s == "RUNNING" or (n in self.pending_apps and _ingress_up(apps.get(n))) for n, s in states.items()):
                 return
             time.sleep(2)
         raise TimeoutError(
@@ -135,8 +163,15 @@ class LocalStack:
         connector handshake, which should not land on a user's first request."""
         prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)
         for app in self.apps:
+            if app in self.pending_apps:
+                continue
             body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 2, "temperature": 0}
-            post_json(f"{self.base_url(app)}/completions", body, timeout_s=180)
+            post_json(f"{self.base_url(app)}/completions", body, timeout_s=180, api_key=self.api_key)
+
+    @property
+    def api_key(self) -> Optional[str]:
+        """A key clients of this stack can use (the first one), or None when auth is off."""
+        return self.api_keys[0] if self.api_keys else None
 
     def _logs(self) -> str:
         return f"{self.cluster.temp_dir}/session_latest/logs (serve/ and worker-*.err)"
@@ -146,10 +181,28 @@ class LocalStack:
         return self.cluster.stop(keep_logs=keep)
 
 
-def post_json(url: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _ingress_up(app: Any) -> bool:
+    """An app's ingress (the deployment that is not an engine role) has a running replica."""
+    if app is None:
+        return False
+    return any(
+        ":" not in name and any(str(getattr(s, "value", s)) == "RUNNING" and n > 0 for s, n in d.replica_states.items())
+        for name, d in app.deployments.items()
     )
+
+
+def post_json(url: str, body: dict[str, Any], *, timeout_s: float, api_key: Optional[str] = None) -> dict[str, Any]:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return json.loads(response.read())
 

@@ -18,6 +18,7 @@ from serve_app.local.stack import LocalStack
 
 TEST_PORTS = PortPlan(gcs=6491, http=18100, agent_base=52500, worker_base=14100)
 SIDE_CHANNEL_PORTS = {"prefill": 20100, "decode": 22100}
+API_KEY = "rld-serve-app-tests"  # auth is on, as in the demo (tests/resilience covers auth itself)
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +27,7 @@ def stack() -> Iterator[LocalStack]:
         apps={"disagg": ("/", "disaggregated"), "agg": ("/agg", "aggregated")},
         ports=TEST_PORTS,
         side_channel_ports=SIDE_CHANNEL_PORTS,
+        api_keys=(API_KEY,),
     )
     local.start(deploy_timeout_s=900)
     try:
@@ -38,15 +40,17 @@ def stack() -> Iterator[LocalStack]:
 
 @pytest.fixture(scope="session")
 def disagg(stack: LocalStack) -> OpenAI:
-    return OpenAI(base_url=stack.base_url("disagg"), api_key="unused", timeout=180, max_retries=0)
+    return OpenAI(base_url=stack.base_url("disagg"), api_key=API_KEY, timeout=180, max_retries=0)
 
 
 @pytest.fixture(scope="session")
 def agg(stack: LocalStack) -> OpenAI:
-    return OpenAI(base_url=stack.base_url("agg"), api_key="unused", timeout=180, max_retries=0)
+    return OpenAI(base_url=stack.base_url("agg"), api_key=API_KEY, timeout=180, max_retries=0)
 
 
 @pytest.fixture(scope="session")
 def http(stack: LocalStack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=f"http://127.0.0.1:{stack.ports.http}", timeout=180) as client:
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{stack.ports.http}", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=180
+    ) as client:
         yield client

@@ -60,10 +60,10 @@ def test_models_endpoint_lists_the_model(disagg: OpenAI, agg: OpenAI) -> None:
 
 
 def test_health_endpoint_reports_engines_healthy(http: httpx.Client) -> None:
-    for prefix in ("", "/agg"):
+    for prefix, roles in (("", {"prefill": "ok", "decode": "ok"}), ("/agg", {"decode": "ok"})):
         response = http.get(f"{prefix}/health")
         assert response.status_code == 200, response.text
-        assert response.json() == {"status": "ok", "models": [MODEL_ID]}
+        assert response.json() == {"status": "ok", "models": [MODEL_ID], "roles": roles}
 
 
 @pytest.mark.parametrize("prompt_words", [3, 300], ids=["local-path", "remote-path"])
