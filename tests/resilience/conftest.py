@@ -1,0 +1,181 @@
+"""tests/resilience: the serve path under bad input, overload and faults, against the real app.
+
+One stack for the whole suite (starting one takes ~3 min), built by the demo's own launcher
+(serve_app.local.stack.LocalStack) with auth on (two API keys) and three apps:
+
+  main          /              disaggregated: prefill x1, decode x2 (the decode-kill test needs two),
+                               small admission limits, a short prefill deadline, overflow ON (saturation)
+  unplaced      /unplaced      both roles pinned to a node label no node has: nothing can be placed;
+                               overflow off -> 503 naming the role
+  unplaced-ovf  /unplaced-ovf  the same, overflow ON -> the external endpoint serves
+
+plus the external OpenAI-compatible endpoint overflow goes to: vLLM's own server on the tiny model, on
+127.0.0.1, with an API key of its own (served as "tiny-external", so the model mapping is exercised).
+
+Modules run in a fixed order (see `pytest_collection_modifyitems`): the fault tests last, because they
+kill replicas; each fault test waits until every replica is back before it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+from openai import OpenAI
+from resilience_helpers import (
+    API_KEYS,
+    EXTERNAL_KEY,
+    EXTERNAL_MODEL,
+    EXTERNAL_PORT,
+    MAIN_ADMISSION,
+    MAIN_OVERFLOW_CAP,
+    MAX_TOKENS_CAP,
+    PREFILL_TIMEOUT_S,
+    ROUTING_TIMEOUT_S,
+    TEST_PORTS,
+)
+
+from serve_app.local.serve_config import MODEL_ID
+from serve_app.local.stack import LocalStack
+
+MODULE_ORDER = ("test_auth", "test_requests", "test_overload", "test_roles", "test_faults")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = Path(str(item.fspath)).stem
+        return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+
+    items.sort(key=rank)  # stable: keeps the order within a module
+
+
+class ExternalEndpoint:
+    def __init__(self, url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.url, self.process, self.log = url, process, log
+
+
+def _ready(url: str, key: str) -> bool:
+    request = urllib.request.Request(url + "/models", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=3) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpoint]:
+    """vLLM's own OpenAI server on the tiny model: the overflow target."""
+    from serve_app.local.tiny_model import ensure_tiny_model
+
+    log = tmp_path_factory.mktemp("external") / "vllm.log"
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0"
+    )
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ensure_tiny_model()),
+        "--served-model-name", EXTERNAL_MODEL, "--api-key", EXTERNAL_KEY, "--host", "127.0.0.1",
+        "--port", str(EXTERNAL_PORT), "--max-model-len", "2048", "--enforce-eager", "--dtype", "bfloat16",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{EXTERNAL_PORT}/v1"
+    deadline = time.monotonic() + 600
+    try:
+        while not _ready(url, EXTERNAL_KEY):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"vLLM's OpenAI server did not become ready (exit {process.poll()}):\n"
+                    + log.read_text(errors="replace")[-3000:]
+                )
+            time.sleep(2)
+        yield ExternalEndpoint(url, process, log)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def overflow_key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The external endpoint's key as the apps read it (a mounted Secret in production)."""
+    key_file = tmp_path_factory.mktemp("overflow") / "external-key"
+    key_file.write_text(EXTERNAL_KEY + "\n")
+    return key_file
+
+
+@pytest.fixture(scope="session")
+def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[LocalStack]:
+    overflow = {
+        "enabled": True,
+        "base_url": external.url,
+        "api_key_file": str(overflow_key_file),
+        "model_map": {MODEL_ID: EXTERNAL_MODEL},
+    }
+    nowhere = {"placement": {"role_label_key": "ray-llm-disagg.io/no-such-pool"}}
+    local = LocalStack(
+        apps={
+            "main": ("/", "disaggregated"),
+            "unplaced": ("/unplaced", "disaggregated"),
+            "unplaced-ovf": ("/unplaced-ovf", "disaggregated"),
+        },
+        ports=TEST_PORTS,
+        api_keys=API_KEYS,
+        app_overrides={
+            "main": {
+                "decode": {"replicas": 2},
+                "limits": {"max_tokens": MAX_TOKENS_CAP},
+                "admission": MAIN_ADMISSION,
+                "failover": {"prefill_timeout_s": PREFILL_TIMEOUT_S, "routing_timeout_s": ROUTING_TIMEOUT_S},
+                "timeouts": {"first_token_s": 120, "between_tokens_s": 10},
+                "overflow": {**overflow, "max_in_flight": MAIN_OVERFLOW_CAP},
+            },
+            "unplaced": nowhere,
+            "unplaced-ovf": {**nowhere, "overflow": overflow},
+        },
+        pending_apps=frozenset({"unplaced", "unplaced-ovf"}),
+    )
+    local.start(deploy_timeout_s=900)
+    import ray
+
+    ray.init(address=local.cluster.address, logging_level="WARNING", log_to_driver=False)
+    try:
+        yield local
+    finally:
+        ray.shutdown()
+        local.stop()
+        leftovers = local.cluster.processes()
+        assert not leftovers, f"processes left after stopping the test cluster: {[p.pid for p in leftovers]}"
+
+
+@pytest.fixture(scope="session")
+def http(stack: LocalStack) -> Iterator[httpx.Client]:
+    """A client of the whole HTTP port, authenticated with the first key."""
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{stack.ports.http}",
+        headers={"Authorization": f"Bearer {API_KEYS[0]}"},
+        timeout=180,
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def anonymous(stack: LocalStack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=f"http://127.0.0.1:{stack.ports.http}", timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def llm(stack: LocalStack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url("main"), api_key=API_KEYS[0], timeout=180, max_retries=0)
