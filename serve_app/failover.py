@@ -173,8 +173,8 @@ class PrefillFailover:
                 failures.append(failure)
                 if failure.replica:
                     self._suspects[failure.replica] = self._clock() + self.spec.suspect_s
-                if failure.reason == "no_healthy_replica":
-                    break  # nothing else to try remotely
+                if failure.reason in ("routing_timeout", "no_healthy_replica", "unavailable"):
+                    break  # no replica to route to: another attempt would only wait again
         return None, failures
 
     def _is_suspect(self, replica_id: str) -> bool:

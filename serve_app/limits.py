@@ -234,22 +234,22 @@ def _pydantic(cls: type, data: dict[str, Any]) -> Request:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        param, message = _describe_validation_error(exc, data)
+        param, message = _describe_validation_error(exc, cls, data)
         raise invalid(param, message) from None
     except Exception as exc:  # noqa: BLE001 - vLLM's validators raise anything on odd input
         param = _culprit(cls, data)
         what = f"'{param}'" if param else "the request"
         logger.info("request validation raised %s: %s (param %s)", type(exc).__name__, exc, param)
-        raise invalid(param, f"Invalid value for {what}: {exc}.") from None
+        raise invalid(param, f"Invalid value for {what}: {str(exc).rstrip('.')}.") from None
 
 
-def _describe_validation_error(exc: ValidationError, data: dict[str, Any]) -> tuple[Optional[str], str]:
+def _describe_validation_error(exc: ValidationError, cls: type, data: dict[str, Any]) -> tuple[Optional[str], str]:
     errors = exc.errors(include_url=False)
     first = errors[0] if errors else {}
     cause = (first.get("ctx") or {}).get("error")
-    param = getattr(cause, "parameter", None) or _data_path(first.get("loc", ()), data)
+    param = getattr(cause, "parameter", None) or _data_path(first.get("loc", ()), data) or _culprit(cls, data)
     message = str(cause) if cause is not None else first.get("msg", "invalid value")
-    message = re.sub(r"^Value error, ", "", message)
+    message = re.sub(r"^Value error, ", "", message).rstrip(".")
     return param, f"Invalid value for '{param}': {message}." if param else f"Invalid request: {message}."
 
 
@@ -268,16 +268,22 @@ def _data_path(loc: Iterable[Any], data: Any) -> Optional[str]:
 
 
 def _culprit(cls: type, data: dict[str, Any]) -> Optional[str]:
-    """The top-level field whose removal makes validation stop raising (error path only)."""
+    """The top-level field whose removal makes validation pass or fail differently (error path only)."""
+    try:
+        cls.model_validate(data)
+        return None
+    except Exception as exc:  # noqa: BLE001
+        reference = (type(exc), str(exc))
     for field in data:
+        if field in ("model", "messages", "prompt"):
+            continue  # removing a required field always changes the error
         rest = {k: v for k, v in data.items() if k != field}
         try:
             cls.model_validate(rest)
             return field
-        except ValidationError:
-            return field
-        except Exception:  # noqa: BLE001
-            continue
+        except Exception as exc:  # noqa: BLE001
+            if (type(exc), str(exc)) != reference:
+                return field
     return None
 
 
@@ -309,7 +315,10 @@ def _check_limits(request: Request, limits: LimitsSpec, max_model_len: Optional[
         request, "max_completion_tokens", None
     ) is None:
         # Unset means "up to the context" for vLLM; with an operator cap, the cap is the default.
-        request.max_tokens = limits.max_tokens
+        if isinstance(request, ChatCompletionRequest):
+            request.max_completion_tokens = limits.max_tokens
+        else:
+            request.max_tokens = limits.max_tokens
 
 
 def _json_type(value: Any) -> str:

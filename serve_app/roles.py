@@ -105,10 +105,10 @@ class RoleWatch:
 
             self._gauge = Gauge(
                 "rld_role_running_replicas",
-                description="Running replicas of each serving role, as this replica last read from Serve.",
-                tag_keys=("role",),
+                description="Running replicas of each serving role of an app, as this replica last read from Serve.",
+                tag_keys=("app", "role"),
             )
-        self._gauge.set(state.running, tags={"role": role})
+        self._gauge.set(state.running, tags={"app": self._app_name or _own_app_name(), "role": role})
 
 
 def _serve_status():

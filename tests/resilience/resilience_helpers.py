@@ -31,7 +31,7 @@ MAIN_ADMISSION = {"max_in_flight": 8, "max_queued": 4, "max_queue_wait_s": 120, 
 MAIN_OVERFLOW_CAP = 2
 PREFILL_TIMEOUT_S = 5.0
 ROUTING_TIMEOUT_S = 2.0
-MAX_TOKENS_CAP = 512
+MAX_TOKENS_CAP = 1024
 
 WORDS = "the quick brown fox jumps over lazy dog model token cache request server hello world".split()
 

@@ -14,7 +14,6 @@ from resilience_helpers import (
     EXTERNAL_KEY,
     MAIN_ADMISSION,
     MAIN_OVERFLOW_CAP,
-    MAX_TOKENS_CAP,
     Outcome,
     error_of,
     node_metrics,
@@ -27,6 +26,8 @@ from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+LONG = 400  # tokens: long enough that the first requests of a burst still run when the last arrive
 
 
 def overflowed(stack: LocalStack, **labels: str) -> float:
@@ -42,7 +43,7 @@ def test_saturation_overflows_then_queues_then_answers_429(stack: LocalStack, ht
 
     def long_stream(_: int) -> Outcome:
         # Short prompt (decode prefills it: no prefill role involved), long generation: slots stay taken.
-        return stream_chat(http, prompt="tell me a story", max_tokens=MAX_TOKENS_CAP, extra={"ignore_eos": True})
+        return stream_chat(http, prompt="tell me a story", max_tokens=LONG, extra={"ignore_eos": True})
 
     with concurrent.futures.ThreadPoolExecutor(burst) as pool:
         outcomes = list(pool.map(long_stream, range(burst)))
@@ -72,7 +73,7 @@ def test_429_carries_retry_after(stack: LocalStack, http: httpx.Client) -> None:
     burst = in_flight + MAIN_OVERFLOW_CAP + queued + 1
 
     def long_completion(_: int) -> httpx.Response:
-        body = {"model": MODEL_ID, "prompt": "once upon a time", "max_tokens": MAX_TOKENS_CAP, "ignore_eos": True}
+        body = {"model": MODEL_ID, "prompt": "once upon a time", "max_tokens": LONG, "ignore_eos": True}
         return http.post("/v1/completions", json=body)
 
     with concurrent.futures.ThreadPoolExecutor(burst) as pool:
