@@ -165,6 +165,14 @@ def node_metrics(stack: LocalStack, node: str) -> Series:
     return scrape(stack.cluster.metrics_url(node))
 
 
+def cluster_metrics(stack: LocalStack) -> Series:
+    """Every node's series: a frontend replica (no role label) may be placed on any node."""
+    series: Series = {}
+    for node in stack.cluster.nodes:
+        series.update(node_metrics(stack, node.name))
+    return series
+
+
 def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 60, every_s: float = 1) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from resilience_helpers import API_KEYS, error_of, node_metrics, total, wait_until
+from resilience_helpers import API_KEYS, error_of, cluster_metrics, total, wait_until
 
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack
@@ -16,7 +16,7 @@ CHAT = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hello"}], "
 
 
 def rejections(stack: LocalStack, reason: str) -> float:
-    return total(node_metrics(stack, "head"), "ray_rld_auth_rejections_total", reason=reason)
+    return total(cluster_metrics(stack), "ray_rld_auth_rejections_total", reason=reason)
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer not-a-key"}, {"Authorization": "Basic abc"}],

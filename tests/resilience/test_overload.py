@@ -16,7 +16,7 @@ from resilience_helpers import (
     MAIN_OVERFLOW_CAP,
     Outcome,
     error_of,
-    node_metrics,
+    cluster_metrics,
     stream_chat,
     total,
     wait_until,
@@ -31,7 +31,7 @@ LONG = 400  # tokens: long enough that the first requests of a burst still run w
 
 
 def overflowed(stack: LocalStack, **labels: str) -> float:
-    return total(node_metrics(stack, "head"), "ray_rld_overflow_requests_total", **labels)
+    return total(cluster_metrics(stack), "ray_rld_overflow_requests_total", **labels)
 
 
 def test_saturation_overflows_then_queues_then_answers_429(stack: LocalStack, http: httpx.Client) -> None:
