@@ -177,7 +177,7 @@ def app_args(mode):
     from serve_app.config import AppConfig
     role = {"replicas": 1, "engine_args": dict(ENGINE)}
     args = {"mode": mode, "model": {"id": MID, "source": MODEL}, "accelerator": "gpu", "decode": role,
-            "ingress": {"replicas": 1, "num_cpus": 0}, "env": dict(ENV)}
+            "frontend": {"replicas": 1, "num_cpus": 0}, "engine_env": dict(ENV)}
     if mode == "disaggregated":
         args.update(prefill=role, kv_transfer={"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cuda"},
                     remote_prefill_min_tokens=0)

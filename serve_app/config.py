@@ -5,7 +5,11 @@ These models are the contract between the Helm chart and the app. The chart rend
 chart tests validate every rendered serveConfigV2 with the same models. This module imports
 only pydantic so the chart tests can use it without Ray or vLLM.
 
-Field names are snake_case (Ray Serve LLM's style); the chart's values are camelCase.
+Field names are snake_case (Ray Serve LLM's style). The chart's values are a plain mirror: the
+same fields at the same paths, camelCase (`kv_transfer.allow_prefill_tp_greater_than_decode` is
+`kvTransfer.allowPrefillTPGreaterThanDecode`), next to Kubernetes-only keys the app never sees.
+Naming: `engine_env` is the engine processes' environment (Ray runtime_env), `frontend` the
+OpenAI-compatible front deployment.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class ModelSpec(StrictModel):
 
 
 class AutoscalingSpec(StrictModel):
+    enabled: bool = Field(default=True, description="Off: the role runs `replicas` replicas (this block is ignored).")
     min_replicas: int = Field(ge=0)
     max_replicas: int = Field(ge=1)
     target_ongoing_requests: float = Field(default=16, gt=0)
@@ -60,12 +65,17 @@ class AutoscalingSpec(StrictModel):
 class RoleSpec(StrictModel):
     """One engine role (prefill or decode): its size, parallelism and engine arguments."""
 
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=1, ge=0, description="Fixed replicas; ignored while autoscaling is enabled.")
     autoscaling: Optional[AutoscalingSpec] = None
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
+    accelerator_type: Optional[str] = Field(
+        default=None, description="Ray accelerator type of this role's GPUs, e.g. H100 (GPU only)."
+    )
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict, description="Extra env vars for the engine.")
+    engine_env: dict[str, str] = Field(
+        default_factory=dict, description="Env vars of this role's engines; wins over the app-wide `engine_env`."
+    )
     side_channel_port: Optional[int] = Field(
         default=None,
         ge=1024,
@@ -86,6 +96,10 @@ class RoleSpec(StrictModel):
         return self
 
     @property
+    def autoscaled(self) -> bool:
+        return self.autoscaling is not None and self.autoscaling.enabled
+
+    @property
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
@@ -98,6 +112,9 @@ class KVTransferSpec(StrictModel):
         default="UCX", description="NIXL backend: LIBFABRIC for EFA, UCX otherwise."
     )
     buffer_device: Literal["cuda", "cpu"] = "cuda"
+    allow_prefill_tp_greater_than_decode: bool = Field(
+        default=False, description="NIXL cannot split a prefill TP group across fewer decode ranks."
+    )
 
 
 class PlacementSpec(StrictModel):
@@ -105,12 +122,14 @@ class PlacementSpec(StrictModel):
 
     role_label_key: str = Field(default=DEFAULT_ROLE_LABEL_KEY, min_length=1)
     pin_roles: bool = Field(default=True, description="Add a bundle label selector per role.")
-    ingress_label: Optional[dict[str, str]] = Field(
-        default=None, description="Ray node label selector for the ingress (e.g. keep it off GPU pools)."
+    frontend_label: Optional[dict[str, str]] = Field(
+        default=None, description="Ray node label selector for the frontend (e.g. keep it off GPU pools)."
     )
 
 
-class IngressSpec(StrictModel):
+class FrontendSpec(StrictModel):
+    """The OpenAI-compatible front deployment (BoundedOpenAiIngress) in front of the engines."""
+
     replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=1, ge=0)
     max_ongoing_requests: int = Field(default=1000, ge=1)
@@ -135,14 +154,13 @@ class AppConfig(StrictModel):
     mode: Literal["disaggregated", "aggregated"] = "disaggregated"
     model: ModelSpec
     accelerator: Literal["gpu", "cpu"] = "gpu"
-    accelerator_type: Optional[str] = Field(default=None, description="Ray accelerator type, e.g. H100.")
     prefill: Optional[RoleSpec] = None
     decode: RoleSpec = Field(description="In aggregated mode this role serves whole requests.")
     kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
-    ingress: IngressSpec = Field(default_factory=IngressSpec)
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Env vars for every engine role; a role's own `env` wins."
+    frontend: FrontendSpec = Field(default_factory=FrontendSpec)
+    engine_env: dict[str, str] = Field(
+        default_factory=dict, description="Env vars for every engine role; a role's own `engine_env` wins."
     )
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     engine_metrics: bool = Field(
@@ -155,18 +173,16 @@ class AppConfig(StrictModel):
         description="Selective disaggregation: prompts shorter than this many tokens are "
         "prefilled locally by decode (no KV transfer). 0 sends every prompt to prefill.",
     )
-    allow_prefill_tp_greater_than_decode: bool = Field(
-        default=False, description="NIXL cannot split a prefill TP group across fewer decode ranks."
-    )
 
     @model_validator(mode="after")
     def _check_accelerator(self) -> "AppConfig":
         if self.accelerator == "cpu":
-            if self.accelerator_type is not None:
-                raise ValueError(
-                    f"accelerator_type ({self.accelerator_type}): only valid with accelerator gpu; "
-                    "remove it for CPU engines"
-                )
+            for role, spec in self.roles().items():
+                if spec.accelerator_type is not None:
+                    raise ValueError(
+                        f"{role}.accelerator_type ({spec.accelerator_type}): only valid with accelerator gpu; "
+                        "remove it for CPU engines"
+                    )
             if self.mode == "disaggregated" and self.kv_transfer.buffer_device != "cpu":
                 raise ValueError("kv_transfer.buffer_device: must be cpu when accelerator is cpu")
         return self
@@ -188,11 +204,14 @@ class AppConfig(StrictModel):
                 "prefill.pipeline_parallel_size: > 1 needs kv_transfer.connector NixlPushConnector; "
                 "NixlConnector (pull) rejects PP > 1 at its handshake"
             )
-        if p.tensor_parallel_size > d.tensor_parallel_size and not self.allow_prefill_tp_greater_than_decode:
+        if (
+            p.tensor_parallel_size > d.tensor_parallel_size
+            and not self.kv_transfer.allow_prefill_tp_greater_than_decode
+        ):
             raise ValueError(
                 f"prefill.tensor_parallel_size ({p.tensor_parallel_size}) > decode.tensor_parallel_size "
                 f"({d.tensor_parallel_size}): NIXL transfers need prefill TP <= decode TP; set "
-                "allow_prefill_tp_greater_than_decode if your vLLM supports it"
+                "kv_transfer.allow_prefill_tp_greater_than_decode if your vLLM supports it"
             )
         if self.kv_transfer.connector == "NixlPushConnector":
             for role, spec in (("prefill", p), ("decode", d)):
@@ -204,8 +223,7 @@ class AppConfig(StrictModel):
         return self
 
     def roles(self) -> dict[str, RoleSpec]:
-        """The engine roles this mode deploys, by name."""
-        if self.mode == "aggregated":
+        """The engine roles this mode deploys, by name (disaggregated: prefill first, when set)."""
+        if self.mode == "aggregated" or self.prefill is None:
             return {"decode": self.decode}
-        assert self.prefill is not None
         return {"prefill": self.prefill, "decode": self.decode}

@@ -31,7 +31,7 @@ def _cpu_role(role: str, side_channel_port: Optional[int]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "replicas": 1,
         "engine_args": dict(CPU_ENGINE_ARGS),
-        "env": {"VLLM_CPU_OMP_THREADS_BIND": CORE_OF_ROLE[role]},
+        "engine_env": {"VLLM_CPU_OMP_THREADS_BIND": CORE_OF_ROLE[role]},
     }
     if side_channel_port is not None:
         spec["side_channel_port"] = side_channel_port
@@ -54,8 +54,8 @@ def local_app_args(
         "accelerator": "cpu",
         "decode": _cpu_role("decode", ports.get("decode")),
         "placement": {"role_label_key": role_label_key, "pin_roles": True},
-        "ingress": {"replicas": 1, "num_cpus": 0},
-        "env": dict(CPU_LOOPBACK_ENV),
+        "frontend": {"replicas": 1, "num_cpus": 0},
+        "engine_env": dict(CPU_LOOPBACK_ENV),
         "timeouts": {"first_token_s": 120, "between_tokens_s": 60},
     }
     if mode == "disaggregated":
