@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.servers import REPO_ROOT
+from bench.servers import BENCH_API_KEY, REPO_ROOT
 
 LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
 
@@ -73,7 +73,7 @@ def run_level(mode: str, base_url: str, concurrency: int, w: Workload, out_dir: 
            "-H", base_url, "-u", str(concurrency), "-r", str(concurrency), "--seed", str(seed),
            "--csv", str(stem), "--html", str(html), "--summary-json", str(summary_path),
            "--calibration-file", str(calibration or out_dir / f"{mode}.calibration.json"),
-           "--loglevel", "WARNING", *w.locust_args()]
+           "--loglevel", "WARNING", "--api-key", BENCH_API_KEY, *w.locust_args()]
     load = os.getloadavg()
     timeout = w.duration_s + w.stop_timeout_s + 120
     with open(stem.with_suffix(".locust.log"), "wb") as log:

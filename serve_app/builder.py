@@ -23,7 +23,7 @@ from ray.serve.llm import LLMConfig
 
 from serve_app.config import AppConfig
 from serve_app.ingress import ENDPOINTS, BoundedOpenAiIngress, make_app
-from serve_app.llm_configs import ingress_deployment_config, role_llm_config
+from serve_app.llm_configs import frontend_deployment_config, role_llm_config
 from serve_app.servers import MeteredPrefillServer, MeteredServer, SelectiveDecodeServer
 
 
@@ -86,7 +86,7 @@ def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
 
 def _bind_ingress(app: AppConfig, served_config: LLMConfig, served: Application, roles: dict[str, str]) -> Application:
     options = maybe_apply_llm_deployment_config_defaults(
-        BoundedOpenAiIngress.get_deployment_options([served_config]), ingress_deployment_config(app)
+        BoundedOpenAiIngress.get_deployment_options([served_config]), frontend_deployment_config(app)
     )
     model_id = served_config.model_id
     return serve.deployment(

@@ -5,7 +5,11 @@ These models are the contract between the Helm chart and the app. The chart rend
 chart tests validate every rendered serveConfigV2 with the same models. This module imports
 only pydantic so the chart tests can use it without Ray or vLLM.
 
-Field names are snake_case (Ray Serve LLM's style); the chart's values are camelCase.
+Field names are snake_case (Ray Serve LLM's style). The chart's values are a plain mirror: the
+same fields at the same paths, camelCase (`kv_transfer.allow_prefill_tp_greater_than_decode` is
+`kvTransfer.allowPrefillTPGreaterThanDecode`), next to Kubernetes-only keys the app never sees.
+Naming: `engine_env` is the engine processes' environment (Ray runtime_env), `frontend` the
+OpenAI-compatible front deployment.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class ModelSpec(StrictModel):
 
 
 class AutoscalingSpec(StrictModel):
+    enabled: bool = Field(default=True, description="Off: the role runs `replicas` replicas (this block is ignored).")
     min_replicas: int = Field(ge=0)
     max_replicas: int = Field(ge=1)
     target_ongoing_requests: float = Field(default=16, gt=0)
@@ -60,18 +65,33 @@ class AutoscalingSpec(StrictModel):
 class RoleSpec(StrictModel):
     """One engine role (prefill or decode): its size, parallelism and engine arguments."""
 
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=1, ge=0, description="Fixed replicas; ignored while autoscaling is enabled.")
     autoscaling: Optional[AutoscalingSpec] = None
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
+    accelerator_type: Optional[str] = Field(
+        default=None, description="Ray accelerator type of this role's GPUs, e.g. H100 (GPU only)."
+    )
+    gpu_fraction: float = Field(
+        default=1,
+        gt=0,
+        le=1,
+        description="Share of one GPU each engine worker takes from Ray (GPU only). Below 1, engines share a "
+        "GPU (small models, side-by-side comparisons): keep engine_args.gpu_memory_utilization within it. "
+        "Needs tensor_parallel_size x pipeline_parallel_size = 1.",
+    )
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict, description="Extra env vars for the engine.")
+    engine_env: dict[str, str] = Field(
+        default_factory=dict, description="Env vars of this role's engines; wins over the app-wide `engine_env`."
+    )
     side_channel_port: Optional[int] = Field(
         default=None,
         ge=1024,
         le=65535,
-        description="NIXL side-channel port. Ray 2.58 sets it only for NixlConnector; "
-        "NixlPushConnector needs it explicitly or both engines bind vLLM's default 5600.",
+        description="NIXL side-channel base port of this role. NixlConnector: Ray adds each replica's "
+        "offset (replica rank x TP x PP), so replicas on one node never collide (unset: Ray's 20000 for "
+        "prefill, 22000 for decode). NixlPushConnector: the engine's fixed port, required (Ray 2.58 assigns "
+        "none and both engines would bind vLLM's default 5600).",
     )
 
     @model_validator(mode="after")
@@ -82,6 +102,19 @@ class RoleSpec(StrictModel):
                     f"engine_args.{key} is set by the app; set {RESERVED_ENGINE_ARGS[key]} instead"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _shared_gpu_needs_one_worker(self) -> "RoleSpec":
+        if self.gpu_fraction < 1 and self.gpus_per_replica > 1:
+            raise ValueError(
+                f"gpu_fraction ({self.gpu_fraction}): a shared GPU holds one engine worker; "
+                f"tensor_parallel_size x pipeline_parallel_size is {self.gpus_per_replica}"
+            )
+        return self
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.autoscaling is not None and self.autoscaling.enabled
 
     @property
     def gpus_per_replica(self) -> int:
@@ -96,6 +129,19 @@ class KVTransferSpec(StrictModel):
         default="UCX", description="NIXL backend: LIBFABRIC for EFA, UCX otherwise."
     )
     buffer_device: Literal["cuda", "cpu"] = "cuda"
+    allow_prefill_tp_greater_than_decode: bool = Field(
+        default=False, description="NIXL cannot split a prefill TP group across fewer decode ranks."
+    )
+    prewarm: bool = Field(
+        default=True,
+        description="Each decode replica sends one tiny request through every prefill replica at start-up, "
+        "so the NIXL handshake (100+ ms) does not land on a user's first request.",
+    )
+    tokenize_once: bool = Field(
+        default=True,
+        description="Decode reuses the prompt token ids prefill returns instead of rendering and "
+        "tokenizing the prompt again.",
+    )
     load_failure_policy: Literal["recompute", "fail"] = Field(
         default="recompute",
         description="What a decode engine does when the KV it should pull cannot be loaded (prefill died, "
@@ -109,12 +155,14 @@ class PlacementSpec(StrictModel):
 
     role_label_key: str = Field(default=DEFAULT_ROLE_LABEL_KEY, min_length=1)
     pin_roles: bool = Field(default=True, description="Add a bundle label selector per role.")
-    ingress_label: Optional[dict[str, str]] = Field(
-        default=None, description="Ray node label selector for the ingress (e.g. keep it off GPU pools)."
+    frontend_label: Optional[dict[str, str]] = Field(
+        default=None, description="Ray node label selector for the frontend (e.g. keep it off GPU pools)."
     )
 
 
-class IngressSpec(StrictModel):
+class FrontendSpec(StrictModel):
+    """The OpenAI-compatible front deployment (BoundedOpenAiIngress) in front of the engines."""
+
     replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=1, ge=0)
     max_ongoing_requests: int = Field(default=1000, ge=1)
@@ -159,7 +207,7 @@ class AuthSpec(StrictModel):
 
 
 class LimitsSpec(StrictModel):
-    """Bounds on a single request, checked at the ingress before any engine sees it (4xx naming the field)."""
+    """Bounds on a single request, checked at the frontend before any engine sees it (4xx naming the field)."""
 
     max_body_bytes: int = Field(default=4 * 1024**2, ge=1024, description="Larger bodies get 413.")
     max_n: int = Field(default=8, ge=1, description="Largest `n` / `best_of` (each one is a full generation).")
@@ -171,10 +219,10 @@ class LimitsSpec(StrictModel):
 
 
 class AdmissionSpec(StrictModel):
-    """A bounded queue per ingress replica: up to `max_in_flight` requests run, up to `max_queued` wait
+    """A bounded queue per frontend replica: up to `max_in_flight` requests run, up to `max_queued` wait
     (at most `max_queue_wait_s`); anything beyond gets 429 with Retry-After instead of an unbounded wait.
 
-    Unset limits split ingress.max_ongoing_requests (what Serve lets reach one ingress replica) in half."""
+    Unset limits split frontend.max_ongoing_requests (what Serve lets reach one frontend replica) in half."""
 
     max_in_flight: Optional[int] = Field(default=None, ge=1)
     max_queued: Optional[int] = Field(default=None, ge=0)
@@ -224,7 +272,7 @@ class OverflowSpec(StrictModel):
         default=0, ge=0, description="Overflow once this many requests wait in the admission queue (0: as soon as any would)."
     )
     on_role_unavailable: bool = Field(default=True, description="Overflow instead of 503 when a role is down.")
-    max_in_flight: int = Field(default=64, ge=1, description="Most concurrent overflowed requests per ingress.")
+    max_in_flight: int = Field(default=64, ge=1, description="Most concurrent overflowed requests per frontend replica.")
     connect_timeout_s: float = Field(default=5, gt=0)
 
     @model_validator(mode="after")
@@ -236,6 +284,23 @@ class OverflowSpec(StrictModel):
                 raise ValueError("overflow: set api_key_file or api_key_env, not both")
         return self
 
+class StreamingSpec(StrictModel):
+    """How the serving replica batches streamed chunks into Serve messages (serve_app/hops.py)."""
+
+    batch_interval_ms: float = Field(
+        default=50,
+        ge=0,
+        le=1000,
+        description="At most one Serve message per stream per interval; chunks arriving sooner travel "
+        "together. 0: one message per chunk (costs Python CPU per token on every hop).",
+    )
+    first_chunk_immediately: bool = Field(
+        default=True,
+        description="A chunk that arrives after a quiet interval (the first one always does) leaves at "
+        "once. Off: Ray's fixed ticks from the start of the stream, which hold the first token for up "
+        "to a whole interval.",
+    )
+
 
 class AppConfig(StrictModel):
     """The whole serve app: one model, served aggregated or disaggregated."""
@@ -243,16 +308,16 @@ class AppConfig(StrictModel):
     mode: Literal["disaggregated", "aggregated"] = "disaggregated"
     model: ModelSpec
     accelerator: Literal["gpu", "cpu"] = "gpu"
-    accelerator_type: Optional[str] = Field(default=None, description="Ray accelerator type, e.g. H100.")
     prefill: Optional[RoleSpec] = None
     decode: RoleSpec = Field(description="In aggregated mode this role serves whole requests.")
     kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
-    ingress: IngressSpec = Field(default_factory=IngressSpec)
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Env vars for every engine role; a role's own `env` wins."
+    frontend: FrontendSpec = Field(default_factory=FrontendSpec)
+    engine_env: dict[str, str] = Field(
+        default_factory=dict, description="Env vars for every engine role; a role's own `engine_env` wins."
     )
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    streaming: StreamingSpec = Field(default_factory=StreamingSpec)
     engine_metrics: bool = Field(
         default=True,
         description="Export vLLM's engine metrics (vllm:*) through Ray's metrics agent (LLMConfig.log_engine_metrics).",
@@ -263,9 +328,6 @@ class AppConfig(StrictModel):
         description="Selective disaggregation: prompts shorter than this many tokens are "
         "prefilled locally by decode (no KV transfer). 0 sends every prompt to prefill.",
     )
-    allow_prefill_tp_greater_than_decode: bool = Field(
-        default=False, description="NIXL cannot split a prefill TP group across fewer decode ranks."
-    )
     auth: AuthSpec = Field(default_factory=AuthSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
@@ -273,22 +335,22 @@ class AppConfig(StrictModel):
     overflow: OverflowSpec = Field(default_factory=OverflowSpec)
 
     @model_validator(mode="after")
-    def _check_admission_fits_ingress(self) -> "AppConfig":
-        # Serve queues (unbounded, in the proxy) whatever exceeds max_ongoing_requests before the ingress
+    def _check_admission_fits_frontend(self) -> "AppConfig":
+        # Serve queues (unbounded, in the proxy) whatever exceeds max_ongoing_requests before the frontend
         # ever sees it; the admission queue only bounds anything if it fits under that limit.
         in_flight, queued = self.admission_limits()
         wanted = in_flight + queued + (self.overflow.max_in_flight if self.overflow.enabled else 0)
-        if wanted > self.ingress.max_ongoing_requests:
+        if wanted > self.frontend.max_ongoing_requests:
             raise ValueError(
                 f"admission.max_in_flight + admission.max_queued (+ overflow.max_in_flight when enabled) = {wanted} > "
-                f"ingress.max_ongoing_requests ({self.ingress.max_ongoing_requests}): Serve would queue the rest "
-                "without bound before admission control sees it; raise ingress.max_ongoing_requests"
+                f"frontend.max_ongoing_requests ({self.frontend.max_ongoing_requests}): Serve would queue the rest "
+                "without bound before admission control sees it; raise frontend.max_ongoing_requests"
             )
         return self
 
     def admission_limits(self) -> tuple[int, int]:
-        """(max_in_flight, max_queued) per ingress replica, defaults filled in."""
-        room = self.ingress.max_ongoing_requests - (self.overflow.max_in_flight if self.overflow.enabled else 0)
+        """(max_in_flight, max_queued) per frontend replica, defaults filled in."""
+        room = self.frontend.max_ongoing_requests - (self.overflow.max_in_flight if self.overflow.enabled else 0)
         in_flight = self.admission.max_in_flight or max(1, room // 2)
         queued = self.admission.max_queued if self.admission.max_queued is not None else max(0, room - in_flight)
         return in_flight, queued
@@ -301,11 +363,14 @@ class AppConfig(StrictModel):
     @model_validator(mode="after")
     def _check_accelerator(self) -> "AppConfig":
         if self.accelerator == "cpu":
-            if self.accelerator_type is not None:
-                raise ValueError(
-                    f"accelerator_type ({self.accelerator_type}): only valid with accelerator gpu; "
-                    "remove it for CPU engines"
-                )
+            for role, spec in self.roles().items():
+                if spec.accelerator_type is not None:
+                    raise ValueError(
+                        f"{role}.accelerator_type ({spec.accelerator_type}): only valid with accelerator gpu; "
+                        "remove it for CPU engines"
+                    )
+                if spec.gpu_fraction != 1:
+                    raise ValueError(f"{role}.gpu_fraction ({spec.gpu_fraction}): only valid with accelerator gpu")
             if self.mode == "disaggregated" and self.kv_transfer.buffer_device != "cpu":
                 raise ValueError("kv_transfer.buffer_device: must be cpu when accelerator is cpu")
         return self
@@ -327,11 +392,14 @@ class AppConfig(StrictModel):
                 "prefill.pipeline_parallel_size: > 1 needs kv_transfer.connector NixlPushConnector; "
                 "NixlConnector (pull) rejects PP > 1 at its handshake"
             )
-        if p.tensor_parallel_size > d.tensor_parallel_size and not self.allow_prefill_tp_greater_than_decode:
+        if (
+            p.tensor_parallel_size > d.tensor_parallel_size
+            and not self.kv_transfer.allow_prefill_tp_greater_than_decode
+        ):
             raise ValueError(
                 f"prefill.tensor_parallel_size ({p.tensor_parallel_size}) > decode.tensor_parallel_size "
                 f"({d.tensor_parallel_size}): NIXL transfers need prefill TP <= decode TP; set "
-                "allow_prefill_tp_greater_than_decode if your vLLM supports it"
+                "kv_transfer.allow_prefill_tp_greater_than_decode if your vLLM supports it"
             )
         if self.kv_transfer.connector == "NixlPushConnector":
             for role, spec in (("prefill", p), ("decode", d)):
@@ -343,8 +411,7 @@ class AppConfig(StrictModel):
         return self
 
     def roles(self) -> dict[str, RoleSpec]:
-        """The engine roles this mode deploys, by name."""
-        if self.mode == "aggregated":
+        """The engine roles this mode deploys, by name (disaggregated: prefill first, when set)."""
+        if self.mode == "aggregated" or self.prefill is None:
             return {"decode": self.decode}
-        assert self.prefill is not None
         return {"prefill": self.prefill, "decode": self.decode}

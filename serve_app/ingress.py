@@ -68,6 +68,9 @@ from serve_app.limits import RequestGuard, parse_json_object, validate_request
 from serve_app.overflow import BACKEND_HEADER, Overflow, OverflowFailed
 from serve_app.roles import RoleWatch
 
+from serve_app.hops import HopClock, ReplicaStamps, trace_line
+from serve_app.metrics import HopMetrics
+
 logger = get_logger(__name__)
 
 # An engine replica that died, is restarting, or refuses work because its queue is full.
@@ -225,6 +228,62 @@ async def _on_validation_error(request: Request, exc: RequestValidationError) ->
     return error_json(error)
 
 
+CLOCK_STATE_KEY = "rld_hop_clock"
+
+
+class HopClockMiddleware:
+    """The frontend's outermost ASGI middleware: starts each request's clock (serve_app/hops.py), stamps
+    the first body bytes out, and once the response is done records the per-hop metrics and logs the
+    trace line of a streamed request (the only kind whose serving replica sends its stamps back)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._metrics: Optional[HopMetrics] = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        clock = HopClock()
+        clock.stamp("ingress_received")
+        scope.setdefault("state", {})[CLOCK_STATE_KEY] = clock
+
+        async def send_stamped(message: dict) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                clock.stamp("ingress_first_out")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_stamped)
+        finally:
+            if "replica_first_out" in clock.stamps and "ingress_first_out" in clock.stamps:
+                self._record(clock, scope)
+
+    def _record(self, clock: HopClock, scope: dict) -> None:
+        try:
+            if self._metrics is None:
+                self._metrics = HopMetrics()
+            self._metrics.record(clock, clock.model or "")
+            request_id = next((v.decode() for k, v in scope.get("headers", []) if k == b"x-request-id"), "")
+            logger.info("%s", trace_line(clock, request_id))
+        except Exception:  # noqa: BLE001 - timing must never fail a request that was served
+            logger.exception("recording the request's hop timings failed")
+
+
+def _hop_clock(raw_request: Optional[Request]) -> Optional[HopClock]:
+    state = getattr(raw_request, "scope", {}).get("state", {}) if raw_request is not None else {}
+    return state.get(CLOCK_STATE_KEY)
+
+
+def _take_replica_stamps(chunk: Any, clock: Optional[HopClock]) -> Any:
+    """Strip the serving replica's stamps off its first batch (they are not for the client)."""
+    if isinstance(chunk, list) and chunk and isinstance(chunk[-1], ReplicaStamps):
+        if clock is not None:
+            clock.merge(chunk[-1])
+        return chunk[:-1]
+    return chunk
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     """Last resort: a bug of ours. Log it in full, tell the client only the request id."""
     request_id = _request_id(request)
@@ -261,6 +320,7 @@ def make_app(app_config: Optional[AppConfig] = None) -> FastAPI:
             allow_headers=["authorization", "content-type"],
         )
     app.add_middleware(SetRequestIdMiddleware)
+    app.add_middleware(HopClockMiddleware)  # added last = runs first
     return app
 
 
@@ -392,9 +452,14 @@ class BoundedOpenAiIngress(OpenAiIngress):
             body = ray_ingress._sanitize_chat_completion_request(body)
         raw_info = RawRequestInfo.from_starlette_request(raw_request) if raw_request is not None else None
         what = f"{call_method} request for model {body.model!r}"
+        clock = _hop_clock(raw_request)
+        if clock is not None:
+            clock.model = body.model
+            clock.stamp("ingress_dispatched")
         for attempt in (1, 2):
             response = getattr(handle, call_method).remote(body, raw_info)
             finished = False
+            first = True
             try:
                 async for chunk in bounded_chunks(
                     response,
@@ -403,6 +468,11 @@ class BoundedOpenAiIngress(OpenAiIngress):
                     what=what,
                     role_down=self._role_down_error,
                 ):
+                    if first:
+                        first = False
+                        if clock is not None:
+                            clock.stamp("ingress_first_in")
+                        chunk = _take_replica_stamps(chunk, clock)
                     yield chunk
                 finished = True
                 return

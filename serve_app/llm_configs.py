@@ -1,4 +1,4 @@
-"""AppConfig -> Ray Serve LLM arguments: one LLMConfig (as a dict) per engine role, plus ingress options.
+"""AppConfig -> Ray Serve LLM arguments: one LLMConfig (as a dict) per engine role, plus the frontend's options.
 
 Pure mapping, importable with pydantic only: the builder validates the dicts with Ray's real
 `LLMConfig`, and the unit tests do the same. Both roles go through the same functions; the only
@@ -39,23 +39,24 @@ def engine_kwargs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
     return kwargs
 
 
-def accelerator_fields(app: AppConfig) -> dict[str, Any]:
-    """Accelerator kind, type and the per-worker bundle Ray replicates TP x PP times."""
+def accelerator_fields(app: AppConfig, spec: RoleSpec) -> dict[str, Any]:
+    """Accelerator kind, the role's accelerator type and the per-worker bundle Ray replicates TP x PP times."""
     if app.accelerator == "cpu":
         return {"accelerator_config": {"kind": "cpu"}, "placement_group_config": {"bundle_per_worker": {"CPU": 1}}}
     fields: dict[str, Any] = {
         "accelerator_config": {"kind": "gpu"},
-        "placement_group_config": {"bundle_per_worker": {"GPU": 1}},
+        "placement_group_config": {"bundle_per_worker": {"GPU": spec.gpu_fraction}},
     }
-    if app.accelerator_type:
-        fields["accelerator_type"] = app.accelerator_type
+    if spec.accelerator_type:
+        fields["accelerator_type"] = spec.accelerator_type
     return fields
 
 
 def deployment_config(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
     config: dict[str, Any] = {}
-    if spec.autoscaling is not None:
-        config["autoscaling_config"] = spec.autoscaling.model_dump()
+    if spec.autoscaled:
+        assert spec.autoscaling is not None
+        config["autoscaling_config"] = spec.autoscaling.model_dump(exclude={"enabled"})
     else:
         config["num_replicas"] = spec.replicas
     if app.placement.pin_roles:
@@ -64,10 +65,34 @@ def deployment_config(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, An
 
 
 def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
-    env = {**app.env, **spec.env}
-    if spec.side_channel_port is not None:
+    env = {**app.engine_env, **spec.engine_env}
+    if spec.side_channel_port is not None and _moves_kv(app) and app.kv_transfer.connector == "NixlPushConnector":
+        # Ray 2.58 assigns no side-channel port for the push connector: one fixed port per engine.
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
     return {"env_vars": env}
+
+
+# experimental_configs keys serve_app's own servers read (Ray ignores unknown keys).
+FIRST_CHUNK_IMMEDIATELY = "rld_first_chunk_immediately"
+
+
+def experimental_configs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
+    """Ray Serve LLM's per-deployment experimental settings, plus the ones our servers read."""
+    configs: dict[str, Any] = {
+        "stream_batching_interval_ms": app.streaming.batch_interval_ms,
+        FIRST_CHUNK_IMMEDIATELY: app.streaming.first_chunk_immediately,
+    }
+    if _moves_kv(app) and role == "decode":
+        configs["_prewarm_prefill_decode"] = app.kv_transfer.prewarm
+        configs["pd_tokenize_once"] = app.kv_transfer.tokenize_once
+    if spec.side_channel_port is not None and _moves_kv(app) and app.kv_transfer.connector == "NixlConnector":
+        # A base, not a port: Ray adds replica rank x TP x PP, so replicas on one node never collide.
+        configs["NIXL_SIDE_CHANNEL_PORT_BASE"] = spec.side_channel_port
+    return configs
+
+
+def _moves_kv(app: AppConfig) -> bool:
+    return app.mode == "disaggregated"
 
 
 def role_llm_config(app: AppConfig, role: str) -> dict[str, Any]:
@@ -78,20 +103,21 @@ def role_llm_config(app: AppConfig, role: str) -> dict[str, Any]:
         model_loading["tokenizer_source"] = app.model.tokenizer_source
     return {
         "model_loading_config": model_loading,
-        **accelerator_fields(app),
+        **accelerator_fields(app, spec),
         "engine_kwargs": engine_kwargs(app, role, spec),
         "deployment_config": deployment_config(app, role, spec),
         "runtime_env": runtime_env(app, role, spec),
+        "experimental_configs": experimental_configs(app, role, spec),
         "log_engine_metrics": app.engine_metrics,
     }
 
 
-def ingress_deployment_config(app: AppConfig) -> dict[str, Any]:
-    actor_options: dict[str, Any] = {"num_cpus": app.ingress.num_cpus}
-    if app.placement.ingress_label:
-        actor_options["label_selector"] = dict(app.placement.ingress_label)
+def frontend_deployment_config(app: AppConfig) -> dict[str, Any]:
+    actor_options: dict[str, Any] = {"num_cpus": app.frontend.num_cpus}
+    if app.placement.frontend_label:
+        actor_options["label_selector"] = dict(app.placement.frontend_label)
     return {
-        "num_replicas": app.ingress.replicas,
-        "max_ongoing_requests": app.ingress.max_ongoing_requests,
+        "num_replicas": app.frontend.replicas,
+        "max_ongoing_requests": app.frontend.max_ongoing_requests,
         "ray_actor_options": actor_options,
     }

@@ -5,6 +5,7 @@ Args are validated by AppConfig before anything is deployed, exactly as `build_a
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY, AppConfig
@@ -31,7 +32,7 @@ def _cpu_role(role: str, side_channel_port: Optional[int]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "replicas": 1,
         "engine_args": dict(CPU_ENGINE_ARGS),
-        "env": {"VLLM_CPU_OMP_THREADS_BIND": CORE_OF_ROLE[role]},
+        "engine_env": {"VLLM_CPU_OMP_THREADS_BIND": CORE_OF_ROLE[role]},
     }
     if side_channel_port is not None:
         spec["side_channel_port"] = side_channel_port
@@ -54,8 +55,8 @@ def local_app_args(
         "accelerator": "cpu",
         "decode": _cpu_role("decode", ports.get("decode")),
         "placement": {"role_label_key": role_label_key, "pin_roles": True},
-        "ingress": {"replicas": 1, "num_cpus": 0},
-        "env": dict(CPU_LOOPBACK_ENV),
+        "frontend": {"replicas": 1, "num_cpus": 0},
+        "engine_env": dict(CPU_LOOPBACK_ENV),
         "timeouts": {"first_token_s": 120, "between_tokens_s": 60},
     }
     if mode == "disaggregated":
@@ -78,3 +79,21 @@ def serve_deploy_config(applications: dict[str, dict[str, Any]], *, http_port: i
             for name, app in applications.items()
         ],
     }
+
+
+def with_overrides(args: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`args` with each dotted AppConfig path of `overrides` set (e.g. {"streaming.batch_interval_ms": 0}),
+    validated again by AppConfig."""
+    if not overrides:
+        return args
+    result = copy.deepcopy(args)
+    for path, value in overrides.items():
+        node = result
+        *parents, leaf = path.split(".")
+        for part in parents:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            node = child
+        node[leaf] = value
+    return AppConfig.model_validate(result).model_dump(mode="json", exclude_defaults=False)

@@ -327,7 +327,6 @@ def check_serve_config(r: Rendered) -> AppConfig:
     assert cfg.model.source == v["model"]["source"]
     assert cfg.model.tokenizer_source == (v["model"]["tokenizerSource"] or None)
     assert cfg.accelerator == v["accelerator"]
-    assert cfg.accelerator_type == (v["acceleratorType"] or None)
     assert set(cfg.roles()) == set(roles_of(v))
     if v["mode"] == "aggregated":
         assert "prefill" not in args
@@ -336,7 +335,8 @@ def check_serve_config(r: Rendered) -> AppConfig:
         assert spec.tensor_parallel_size == rv["tensorParallelSize"]
         assert spec.pipeline_parallel_size == rv["pipelineParallelSize"]
         assert spec.engine_args == rv["engineArgs"]
-        assert spec.env == rv["env"]
+        assert spec.engine_env == rv["env"]
+        assert spec.accelerator_type == (v["acceleratorType"] or None)
         if rv["autoscaling"]["enabled"]:
             a = rv["autoscaling"]
             assert "replicas" not in args[role]
@@ -351,10 +351,10 @@ def check_serve_config(r: Rendered) -> AppConfig:
         assert r.groups[role]["labels"][cfg.placement.role_label_key] == role
     assert cfg.placement.role_label_key == v["placement"]["roleLabelKey"]
     assert cfg.placement.pin_roles == v["placement"]["pinRoles"]
-    assert cfg.placement.ingress_label == (v["placement"]["ingressLabel"] or None)
-    assert cfg.ingress.replicas == v["serveIngress"]["replicas"]
-    assert cfg.ingress.max_ongoing_requests == v["serveIngress"]["maxOngoingRequests"]
-    assert cfg.env == v["engineEnv"]
+    assert cfg.placement.frontend_label == (v["placement"]["ingressLabel"] or None)
+    assert cfg.frontend.replicas == v["serveIngress"]["replicas"]
+    assert cfg.frontend.max_ongoing_requests == v["serveIngress"]["maxOngoingRequests"]
+    assert cfg.engine_env == v["engineEnv"]
     assert cfg.engine_metrics == v["engineMetrics"]
     assert (cfg.timeouts.first_token_s, cfg.timeouts.between_tokens_s) == (
         v["timeouts"]["firstTokenS"], v["timeouts"]["betweenTokensS"])
@@ -362,7 +362,7 @@ def check_serve_config(r: Rendered) -> AppConfig:
         assert cfg.kv_transfer.connector == v["kvTransfer"]["connector"]
         assert cfg.kv_transfer.backend == backend(v)
         assert cfg.kv_transfer.buffer_device == buffer_device(v)
-        assert cfg.allow_prefill_tp_greater_than_decode == v["kvTransfer"]["allowPrefillTPGreaterThanDecode"]
+        assert cfg.kv_transfer.allow_prefill_tp_greater_than_decode == v["kvTransfer"]["allowPrefillTPGreaterThanDecode"]
         assert cfg.remote_prefill_min_tokens == v["remotePrefillMinTokens"]
     return cfg
 

@@ -126,7 +126,7 @@ def test_prefill_tp_above_decode_is_allowed_when_asked():
     r = render(values={"kvTransfer": {"allowPrefillTPGreaterThanDecode": True},
                        "prefill": {"tensorParallelSize": 8, "gpusPerHost": 8},
                        "decode": {"tensorParallelSize": 4, "gpusPerHost": 4}})
-    assert r.args["allow_prefill_tp_greater_than_decode"] is True
+    assert r.args["kv_transfer"]["allow_prefill_tp_greater_than_decode"] is True
 
 
 def test_decode_pp_is_fine_in_aggregated_mode():

@@ -154,7 +154,8 @@ def test_p5_llama3_70b_is_the_classic_case():
     assert dec["template"]["spec"]["nodeSelector"]["karpenter.sh/nodepool"] == "decode"
     assert r.head["template"]["spec"]["nodeSelector"] == {"karpenter.sh/nodepool": "cpu"}
     args = r.args
-    assert args["kv_transfer"] == {"connector": "NixlPushConnector", "backend": "LIBFABRIC", "buffer_device": "cuda"}
+    assert args["kv_transfer"] == {"connector": "NixlPushConnector", "backend": "LIBFABRIC", "buffer_device": "cuda",
+                                   "allow_prefill_tp_greater_than_decode": False}
     assert (args["prefill"]["tensor_parallel_size"], args["prefill"]["pipeline_parallel_size"]) == (8, 2)
     assert (args["decode"]["tensor_parallel_size"], args["decode"]["pipeline_parallel_size"]) == (8, 1)
     # push connector: explicit, distinct side-channel ports per role (Ray 2.58 leaves them unset)
@@ -172,7 +173,7 @@ def test_p5en_deepseek_autoscales_with_pull_connector():
         assert container(g["template"])["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
         assert "side_channel_port" not in r.args[role]
     assert r.args["kv_transfer"]["connector"] == "NixlConnector"
-    assert r.args["accelerator_type"] == "H200"
+    assert r.args["prefill"]["accelerator_type"] == r.args["decode"]["accelerator_type"] == "H200"
 
 
 def test_cpu_tiny_has_no_gpus_and_no_efa():
@@ -181,7 +182,8 @@ def test_cpu_tiny_has_no_gpus_and_no_efa():
     for needle in ("nvidia.com/gpu", "vpc.amazonaws.com/efa", "hugepages-2Mi", "FI_PROVIDER", "IPC_LOCK"):
         assert needle not in text, needle
     assert r.args["accelerator"] == "cpu"
-    assert r.args["kv_transfer"] == {"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cpu"}
+    assert r.args["kv_transfer"] == {"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cpu",
+                                     "allow_prefill_tp_greater_than_decode": False}
     for g in r.groups.values():
         assert not g["template"]["spec"].get("tolerations")
         limits = container(g["template"])["resources"]["limits"]

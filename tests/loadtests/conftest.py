@@ -21,12 +21,11 @@ from typing import Iterator
 import pytest
 from lt_helpers import Server
 
-# Distinct from the demo's, the bench's and other suites' ports.
-TEST_HTTP_PORT = 8481
-TEST_VLLM_PORT = 8482
-TEST_GCS_PORT = 6481
-TEST_AGENT_BASE = 52800
-TEST_WORKER_BASE = 40100
+from serve_app.local.ports import TESTS_LOADTESTS
+
+# The suite's own port plan (serve_app/local/ports.py): disjoint from the demo's, the bench's and the other suites'.
+TEST_VLLM_PORT = TESTS_LOADTESTS.aux(0)
+APP_API_KEY = "rld-loadtests-key"  # our app runs with auth on, as the demo does; Locust sends it
 
 
 def _ready(url: str) -> bool:
@@ -38,16 +37,11 @@ def _ready(url: str) -> bool:
 
 
 def _start_app() -> tuple[Server, object]:
-    from serve_app.local.cluster import PortPlan
     from serve_app.local.stack import LocalStack
 
-    stack = LocalStack(
-        apps={"llm": ("/", "aggregated")},
-        ports=PortPlan(gcs=TEST_GCS_PORT, http=TEST_HTTP_PORT, agent_base=TEST_AGENT_BASE,
-                       worker_base=TEST_WORKER_BASE),
-    )
+    stack = LocalStack(apps={"llm": ("/", "aggregated")}, ports=TESTS_LOADTESTS, api_keys=(APP_API_KEY,))
     stack.start()
-    return Server(stack.base_url("llm"), "app-aggregated"), stack
+    return Server(stack.base_url("llm"), "app-aggregated", api_key=APP_API_KEY), stack
 
 
 def _start_vllm(log_path: Path) -> tuple[Server, subprocess.Popen[bytes]]:
@@ -92,7 +86,7 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         url = external.rstrip("/")
         url = url if url.endswith("/v1") else url + "/v1"
         assert _ready(url), f"RLD_LOADTEST_URL={external}: GET /v1/models did not answer 200"
-        yield Server(url, "external")
+        yield Server(url, "external", api_key=os.environ.get("OPENAI_API_KEY"))
         return
     want = os.environ.get("RLD_LOADTEST_SERVER", "app")
     if want == "app":

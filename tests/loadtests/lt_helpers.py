@@ -19,6 +19,7 @@ class Server:
     base_url: str  # http://127.0.0.1:PORT/v1
     kind: str  # "app-aggregated", "vllm" or "external"
     model: str = "tiny"
+    api_key: Optional[str] = None  # our app runs with auth on, as the demo does
 
 
 @dataclass
@@ -43,8 +44,10 @@ class LocustRun:
 
 
 def run_locust(host: str, out_dir: Path, *args: str, users: int = 1, run_time_s: int = 8,
-               max_requests: int = 12, timeout_s: Optional[float] = None) -> LocustRun:
+               max_requests: int = 12, timeout_s: Optional[float] = None, api_key: Optional[str] = None) -> LocustRun:
     """Headless Locust with the project's locustfile; bounded by run time and request count."""
+    if api_key:
+        args = ("--api-key", api_key, *args)
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = out_dir / "run"
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",

@@ -26,7 +26,8 @@ PCTS = ("50%", "66%", "75%", "80%", "90%", "95%", "98%", "99%", "100%")
 @pytest.mark.parametrize("api", ["chat", "completions"])
 def test_headless_run_records_sane_custom_metrics(llm_server: Server, tmp_path: Path, api: str) -> None:
     run = run_locust(llm_server.base_url, tmp_path, "--api", api, "--input-tokens", str(INPUT_TOKENS),
-                     "--output-tokens", str(OUTPUT_TOKENS), users=2, run_time_s=90, max_requests=10)
+                     "--output-tokens", str(OUTPUT_TOKENS), users=2, run_time_s=90, max_requests=10,
+                     api_key=llm_server.api_key)
     assert run.returncode == 0, run.output[-3000:]
     stats = run.stats
     post, ttft, itl, e2e, tps = (stats.get((t, api)) for t in ("POST", "TTFT", "ITL", "E2E", "TOKENS_PER_S"))
@@ -74,7 +75,7 @@ def test_headless_run_records_sane_custom_metrics(llm_server: Server, tmp_path: 
 
 def _slo_run(server: Server, tmp_path: Path, *slo: str) -> LocustRun:
     return run_locust(server.base_url, tmp_path, "--input-tokens", "48", "--output-tokens", "8", *slo,
-                      users=1, run_time_s=90, max_requests=4)
+                      users=1, run_time_s=90, max_requests=4, api_key=server.api_key)
 
 
 def test_slo_that_must_pass_exits_0(llm_server: Server, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """tests/resilience: the serve path under bad input, overload and faults, against the real app.
 
-One stack for the whole suite (starting one takes ~3 min), built by the demo's own launcher
+One stack for this directory (starting one takes ~3 min; package scope: it is stopped before another
+suite starts its own, two stacks do not fit a 24 GB machine), built by the demo's own launcher
 (serve_app.local.stack.LocalStack) with auth on (two API keys) and three apps:
 
   main          /              disaggregated: prefill x1, decode x2 (the decode-kill test needs two),
@@ -50,11 +51,17 @@ MODULE_ORDER = ("test_auth", "test_requests", "test_overload", "test_roles", "te
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order this directory's modules (faults last); items of other suites keep their places."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if Path(str(item.fspath)).parent == here]
+
     def rank(item: pytest.Item) -> int:
         name = Path(str(item.fspath)).stem
-        return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+        return MODULE_ORDER.index(name) if name in MODULE_ORDER else -1  # unit tests first
 
-    items.sort(key=rank)  # stable: keeps the order within a module
+    ordered = sorted((items[i] for i in slots), key=rank)  # stable within a module
+    for slot, item in zip(slots, ordered):
+        items[slot] = item
 
 
 class ExternalEndpoint:
@@ -71,7 +78,7 @@ def _ready(url: str, key: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpoint]:
     """vLLM's own OpenAI server on the tiny model: the overflow target."""
     from serve_app.local.tiny_model import ensure_tiny_model
@@ -107,7 +114,7 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpo
                 os.killpg(process.pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def overflow_key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The external endpoint's key as the apps read it (a mounted Secret in production)."""
     key_file = tmp_path_factory.mktemp("overflow") / "external-key"
@@ -115,7 +122,7 @@ def overflow_key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return key_file
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[LocalStack]:
     overflow = {
         "enabled": True,
@@ -123,7 +130,7 @@ def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[Local
         "api_key_file": str(overflow_key_file),
         "model_map": {MODEL_ID: EXTERNAL_MODEL},
     }
-    nowhere = {"placement": {"role_label_key": "ray-llm-disagg.io/no-such-pool"}}
+    nowhere = {"placement.role_label_key": "ray-llm-disagg.io/no-such-pool"}
     local = LocalStack(
         apps={
             "main": ("/", "disaggregated"),
@@ -132,12 +139,13 @@ def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[Local
         },
         ports=TEST_PORTS,
         api_keys=API_KEYS,
-        app_overrides={
+        overrides={
             "main": {
-                "decode": {"replicas": 2},
-                "limits": {"max_tokens": MAX_TOKENS_CAP},
+                "decode.replicas": 2,
+                "limits.max_tokens": MAX_TOKENS_CAP,
                 "admission": MAIN_ADMISSION,
-                "failover": {"prefill_timeout_s": PREFILL_TIMEOUT_S, "routing_timeout_s": ROUTING_TIMEOUT_S},
+                "failover.prefill_timeout_s": PREFILL_TIMEOUT_S,
+                "failover.routing_timeout_s": ROUTING_TIMEOUT_S,
                 "timeouts": {"first_token_s": 120, "between_tokens_s": 10},
                 "overflow": {**overflow, "max_in_flight": MAIN_OVERFLOW_CAP},
             },
@@ -159,7 +167,7 @@ def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[Local
         assert not leftovers, f"processes left after stopping the test cluster: {[p.pid for p in leftovers]}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def http(stack: LocalStack) -> Iterator[httpx.Client]:
     """A client of the whole HTTP port, authenticated with the first key."""
     with httpx.Client(
@@ -170,12 +178,12 @@ def http(stack: LocalStack) -> Iterator[httpx.Client]:
         yield client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def anonymous(stack: LocalStack) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=f"http://127.0.0.1:{stack.ports.http}", timeout=60) as client:
         yield client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def llm(stack: LocalStack) -> OpenAI:
     return OpenAI(base_url=stack.base_url("main"), api_key=API_KEYS[0], timeout=180, max_retries=0)

@@ -14,13 +14,13 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_app.local.cluster import PortPlan
+from serve_app.local.ports import TESTS_RESILIENCE
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack
 
-# CONTRACT.md's port plan for tests/resilience; the external endpoint takes the next free port.
-TEST_PORTS = PortPlan(gcs=6591, http=18300, agent_base=24600, worker_base=26100)
-EXTERNAL_PORT = 18310
+# This suite's port plan (serve_app/local/ports.py); the external endpoint takes its first auxiliary port.
+TEST_PORTS = TESTS_RESILIENCE
+EXTERNAL_PORT = TEST_PORTS.aux(0)
 API_KEYS = ("rld-resilience-key-one", "rld-resilience-key-two")
 EXTERNAL_MODEL = "tiny-external"
 EXTERNAL_KEY = "rld-resilience-external-key"

@@ -42,7 +42,7 @@ def test_safety_blocks_default_to_open_config_and_off_overflow() -> None:
         ({"overflow": {"enabled": True}}, "overflow.base_url"),
         ({"overflow": {"enabled": True, "base_url": "ftp://x"}}, "base_url"),
         ({"overflow": {"enabled": True, "base_url": "http://x/v1", "api_key_file": "/k", "api_key_env": "K"}}, "not both"),
-        ({"admission": {"max_in_flight": 900, "max_queued": 200}}, "ingress.max_ongoing_requests"),
+        ({"admission": {"max_in_flight": 900, "max_queued": 200}}, "frontend.max_ongoing_requests"),
         ({"auth": {"api_keys": ["inline"]}}, "api_keys"),
         ({"limits": {"max_n": 0}}, "max_n"),
     ],

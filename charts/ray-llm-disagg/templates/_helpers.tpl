@@ -402,11 +402,11 @@ app.kubernetes.io/part-of: ray-llm-disagg
 {{- $model := dict "id" $V.model.id "source" $V.model.source -}}
 {{- with $V.model.tokenizerSource -}}{{- $_ := set $model "tokenizer_source" . -}}{{- end -}}
 {{- $args := dict "mode" $V.mode "model" $model "accelerator" $V.accelerator -}}
-{{- with $V.acceleratorType -}}{{- $_ := set $args "accelerator_type" . -}}{{- end -}}
 {{- $explicitPorts := include "ray-llm-disagg.explicitSideChannel" . -}}
 {{- range $role := splitList " " (include "ray-llm-disagg.roles" $) -}}
 {{- $v := index $V $role -}}
-{{- $r := dict "tensor_parallel_size" (int $v.tensorParallelSize) "pipeline_parallel_size" (int $v.pipelineParallelSize) "engine_args" (deepCopy (default dict $v.engineArgs)) "env" (deepCopy (default dict $v.env)) -}}
+{{- $r := dict "tensor_parallel_size" (int $v.tensorParallelSize) "pipeline_parallel_size" (int $v.pipelineParallelSize) "engine_args" (deepCopy (default dict $v.engineArgs)) "engine_env" (deepCopy (default dict $v.env)) -}}
+{{- with $V.acceleratorType -}}{{- $_ := set $r "accelerator_type" . -}}{{- end -}}
 {{- if $v.autoscaling.enabled -}}
 {{- $_ := set $r "autoscaling" (dict "min_replicas" (int $v.autoscaling.minReplicas) "max_replicas" (int $v.autoscaling.maxReplicas) "target_ongoing_requests" $v.autoscaling.targetOngoingRequests) -}}
 {{- else -}}
@@ -416,15 +416,14 @@ app.kubernetes.io/part-of: ray-llm-disagg
 {{- $_ := set $args $role $r -}}
 {{- end -}}
 {{- if ne $V.mode "aggregated" -}}
-{{- $_ := set $args "kv_transfer" (dict "connector" $V.kvTransfer.connector "backend" (include "ray-llm-disagg.kvBackend" .) "buffer_device" (include "ray-llm-disagg.kvBufferDevice" .)) -}}
-{{- $_ := set $args "allow_prefill_tp_greater_than_decode" $V.kvTransfer.allowPrefillTPGreaterThanDecode -}}
+{{- $_ := set $args "kv_transfer" (dict "connector" $V.kvTransfer.connector "backend" (include "ray-llm-disagg.kvBackend" .) "buffer_device" (include "ray-llm-disagg.kvBufferDevice" .) "allow_prefill_tp_greater_than_decode" $V.kvTransfer.allowPrefillTPGreaterThanDecode) -}}
 {{- $_ := set $args "remote_prefill_min_tokens" (int $V.remotePrefillMinTokens) -}}
 {{- end -}}
 {{- $placement := dict "role_label_key" $V.placement.roleLabelKey "pin_roles" $V.placement.pinRoles -}}
-{{- with $V.placement.ingressLabel -}}{{- $_ := set $placement "ingress_label" . -}}{{- end -}}
+{{- with $V.placement.ingressLabel -}}{{- $_ := set $placement "frontend_label" . -}}{{- end -}}
 {{- $_ := set $args "placement" $placement -}}
-{{- $_ := set $args "ingress" (dict "replicas" (int $V.serveIngress.replicas) "num_cpus" $V.serveIngress.numCpus "max_ongoing_requests" (int $V.serveIngress.maxOngoingRequests)) -}}
-{{- $_ := set $args "env" (deepCopy (default dict $V.engineEnv)) -}}
+{{- $_ := set $args "frontend" (dict "replicas" (int $V.serveIngress.replicas) "num_cpus" $V.serveIngress.numCpus "max_ongoing_requests" (int $V.serveIngress.maxOngoingRequests)) -}}
+{{- $_ := set $args "engine_env" (deepCopy (default dict $V.engineEnv)) -}}
 {{- $_ := set $args "engine_metrics" $V.engineMetrics -}}
 {{- $_ := set $args "timeouts" (dict "first_token_s" $V.timeouts.firstTokenS "between_tokens_s" $V.timeouts.betweenTokensS) -}}
 {{- toYaml $args -}}
