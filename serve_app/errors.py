@@ -70,7 +70,7 @@ class OpenAIError(OpenAIHTTPException):
             return EngineUnavailable(f"{what}: the engine failed ({info.type}: {info.message}). {RETRY_HINT}")
         code = "context_length_exceeded" if "maximum context length" in info.message else None
         param = info.param
-        if code and not param:
+        if code:  # vLLM names its internal "input_tokens"; the client's field is the prompt
             param = "messages" if "chat" in what else "prompt"
         return cls(status_code, info.message, param=param, code=code)
 

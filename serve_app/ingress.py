@@ -413,6 +413,8 @@ class BoundedOpenAiIngress(OpenAiIngress):
             data, kind, limits=self._limits, models=self._model_cards, max_model_len=self._max_model_len
         )
         model_id = body.model or next(iter(self._model_cards))
+        if self._limits.max_tokens and not ({"max_tokens", "max_completion_tokens"} & data.keys()):
+            data = {**data, "max_tokens": self._limits.max_tokens}  # the cap holds on the overflow path too
         blocked = self._blocking_role()
         if blocked is not None:
             if self._overflow.on_role_unavailable():
