@@ -12,11 +12,11 @@ from typing import Any, Callable, Optional
 
 import httpx
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from serve_app.local.ports import TESTS_RESILIENCE
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack
+from tests.serve_app.serve_helpers import Series, scrape, settled, total, wait_until  # noqa: F401 - re-exported
 
 # This suite's port plan (serve_app/local/ports.py); the external endpoint takes its first auxiliary port.
 TEST_PORTS = TESTS_RESILIENCE
@@ -144,23 +144,6 @@ class Load:
             thread.join(timeout=240)
 
 
-Series = dict[tuple[str, frozenset], float]
-
-
-def scrape(url: str) -> Series:
-    text = httpx.get(url, timeout=30).text
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def total(series: Series, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, lbls), v in series.items() if n == name and wanted <= lbls)
-
-
 def node_metrics(stack: LocalStack, node: str) -> Series:
     return scrape(stack.cluster.metrics_url(node))
 
@@ -171,15 +154,6 @@ def cluster_metrics(stack: LocalStack) -> Series:
     for node in stack.cluster.nodes:
         series.update(node_metrics(stack, node.name))
     return series
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 60, every_s: float = 1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for: {what}")
 
 
 def engine_requests(stack: LocalStack) -> float:

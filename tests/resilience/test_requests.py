@@ -19,6 +19,7 @@ from resilience_helpers import (
     engine_requests,
     error_of,
     node_metrics,
+    settled,
     stream_chat,
     total,
     wait_until,
@@ -98,7 +99,7 @@ def test_known_bad_requests_get_a_4xx_naming_the_parameter(
     error = error_of(response)
     assert error["param"] == param, error
     assert "Traceback" not in response.text and "RayTaskError" not in response.text
-    if param:
+    if param and error["code"] != "context_length_exceeded":  # that one is vLLM's own message, in tokens
         assert param.split(".")[0] in error["message"], error
 
 
@@ -153,7 +154,8 @@ def test_client_disconnect_aborts_the_request_on_the_engines(
     """Serve's proxy honours x-request-disconnect-disabled (keep generating after the client left);
     the app ignores it: the engines abort, their running/waiting gauges return to zero."""
     wait_until("idle engines", lambda: engine_requests(stack) == 0, timeout_s=60)
-    finished_before = total(node_metrics(stack, "decode"), "ray_vllm_request_success_total")
+    # Settled: every earlier request is exported (Ray's agent exports every 2 s).
+    finished_before = total(settled(stack.cluster.metrics_url("decode")), "ray_vllm_request_success_total")
     body = {
         "model": MODEL_ID,
         "messages": [{"role": "user", "content": "count forever " * 20}],
