@@ -203,6 +203,11 @@ def _request_id(request: Request) -> Optional[str]:
 async def _on_openai_http_exception(request: Request, exc: OpenAIHTTPException) -> JSONResponse:
     if not isinstance(exc, OpenAIError):
         exc = OpenAIError(exc.status_code, exc.message)
+    log = logger.warning if exc.status_code >= 500 else logger.info
+    log(
+        "request_id=%s %s %s -> %d %s (param %s): %s",
+        _request_id(request), request.method, request.url.path, exc.status_code, exc.code, exc.param, exc.message[:300],
+    )
     return error_json(exc)
 
 

@@ -62,12 +62,19 @@ class Outcome:
             and self.error is None
             and bool(self.events)
             and self.events[-1] == "[DONE]"
-            and not any('"error"' in e for e in self.events)
+            and not self.error_event
         )
+
+    @property
+    def error_event(self) -> bool:
+        return any('"error"' in e for e in self.events)
 
     def describe(self) -> str:
         ttft = f"{self.ttft_s:.2f}" if self.ttft_s is not None else "-"
-        return f"status={self.status} ttft={ttft}s backend={self.backend} error={self.error} last={self.events[-1:]}"
+        return (
+            f"status={self.status} ttft={ttft}s total={self.total_s:.2f}s backend={self.backend} "
+            f"error_event={self.error_event} error={self.error} last={self.events[-1:]}"
+        )
 
 
 def stream_chat(

@@ -1,6 +1,8 @@
 """Prefill/decode failures under load (serve_app/failover.py, serve_app/README.md "Failure semantics").
 
 - a hung prefill engine (SIGSTOP): answered within the prefill deadline, by decode itself;
+- KV that cannot be loaded (prefill killed after it answered, before decode pulled the KV): recomputed
+  on decode, the client gets a normal answer;
 - a prefill replica killed (SIGKILL) under load: zero failed requests, every TTFT within 10 s;
 - a decode replica killed with two decode replicas: requests sent after the kill are served within 10 s,
   and the streams that were on it end (an error event and [DONE]) instead of hanging.
@@ -9,6 +11,7 @@ Each test waits for Serve to bring every replica back and for the normal path to
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import httpx
@@ -24,6 +27,8 @@ from resilience_helpers import (
     node_metrics,
     replica_processes,
     running_replicas,
+    scrape,
+    settled,
     stream_chat,
     total,
     wait_until,
@@ -99,6 +104,50 @@ def test_hung_prefill_is_answered_within_its_deadline(stack: LocalStack, http: h
     wait_for_full_strength(stack, http)
 
 
+def test_kv_that_cannot_be_loaded_is_recomputed(stack: LocalStack, http: httpx.Client) -> None:
+    """Order the failure exactly: decode's engines paused, prefill answers (KV ready on prefill), prefill
+    dies, decode's engines resume and cannot pull the KV. kv_transfer.load_failure_policy: recompute."""
+    wait_for_full_strength(stack, http)
+    (prefill,) = replica_processes("main", PREFILL)
+    decode_cores = [engine_core(r) for r in replica_processes("main", DECODE)]
+    prefill_url, decode_url = stack.cluster.metrics_url("prefill"), stack.cluster.metrics_url("decode")
+    prefilled_before = total(settled(prefill_url), "ray_vllm_request_success_total")
+    before = settled(decode_url)
+    for core in decode_cores:
+        core.suspend()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(stream_chat, http)  # a long prompt: the remote path
+            wait_until(
+                "prefill to finish the request (its KV waits for decode)",
+                lambda: total(scrape(prefill_url), "ray_vllm_request_success_total") > prefilled_before,
+                timeout_s=60,
+            )
+            prefill.kill()
+            time.sleep(2)
+            for core in decode_cores:
+                core.resume()
+            outcome = pending.result(timeout=180)
+    finally:
+        for core in decode_cores:
+            if core.is_running() and core.status() == psutil.STATUS_STOPPED:
+                core.resume()
+    print(f"\nKV load failure: {outcome.describe()}")
+    assert outcome.ok, outcome.describe()
+    wait_until(
+        "decode to count the recomputed prompt",
+        lambda: total(scrape(decode_url), "ray_vllm_prompt_tokens_by_source_total", source="local_compute")
+        - total(before, "ray_vllm_prompt_tokens_by_source_total", source="local_compute") > 250,
+        timeout_s=30,
+    )
+    after = settled(decode_url)
+    received = total(after, "ray_vllm_prompt_tokens_by_source_total", source="external_kv_transfer") - total(
+        before, "ray_vllm_prompt_tokens_by_source_total", source="external_kv_transfer"
+    )
+    assert received == 0, f"{received} prompt tokens still came from the dead prefill engine"
+    wait_for_full_strength(stack, http)
+
+
 def test_prefill_replica_killed_under_load_fails_no_request(stack: LocalStack, http: httpx.Client) -> None:
     wait_for_full_strength(stack, http)
     fallback_before = served_by_path(stack, "fallback")
@@ -134,8 +183,9 @@ def test_decode_replica_killed_new_requests_served_within_10_s(stack: LocalStack
     victim = replicas[0]
 
     def long_stream() -> Outcome:
-        # Long enough that some streams are mid-flight on the victim when it dies.
-        return stream_chat(http, prompt=long_prompt(), max_tokens=200, extra={"ignore_eos": True})
+        # Long enough that some streams are mid-flight on the victim when it dies, short enough that the
+        # load stays under the admission limit (an overflowed request would not test this cluster).
+        return stream_chat(http, prompt=long_prompt(), max_tokens=100, extra={"ignore_eos": True})
 
     with Load(long_stream, interval_s=1.0) as load:
         time.sleep(6)
@@ -152,9 +202,11 @@ def test_decode_replica_killed_new_requests_served_within_10_s(stack: LocalStack
     assert len(after) >= 20
     failed_after = [o for o in after if not o.ok]
     assert not failed_after, summary(failed_after)
+    assert all(o.backend == "cluster" for o in outcomes), summary(outcomes)
     assert worst_ttft(after) <= TTFT_LIMIT_S, summary(after)
     # Streams that were on the dead replica end promptly: finished, or an error event then [DONE].
     for outcome in during:
         assert outcome.status == 200 and outcome.events and outcome.events[-1] == "[DONE]", outcome.describe()
+    print(f"streams cut by the kill (error event, then [DONE]): {sum(o.error_event for o in during)} of {len(during)}")
     assert not psutil.pid_exists(victim.pid) or victim.status() == psutil.STATUS_ZOMBIE
     wait_for_full_strength(stack, http)
