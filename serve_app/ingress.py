@@ -2,7 +2,8 @@
 
 The concerns live in small modules beside this one and are composed here, in request order:
 
-  SetRequestIdMiddleware (Ray's)   every request gets an id (x-request-id), returned on every response
+  HopClockMiddleware               the per-request clock from frontend to first byte out (serve_app/hops.py)
+  SetRequestIdMiddleware (Ray's)   every request gets an id (x-request-id, from Serve's proxy)
   CORS (only if configured)        explicit origins, never credentials
   auth.ApiKeyAuth                  401 without a valid `Authorization: Bearer` key (readiness stays open)
   limits.RequestGuard              413 over limits.max_body_bytes; Serve's control headers neutralised;
@@ -311,7 +312,7 @@ def make_app(app_config: Optional[AppConfig] = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(Exception, _on_unexpected)
-    # Middleware runs outermost-last-added: request id, CORS, auth, guard, metrics, handlers.
+    # Middleware runs outermost-last-added: hop clock, request id, CORS, auth, guard, metrics, handlers.
     add_http_metrics_middleware(app)
     app.add_middleware(RequestGuard, max_body_bytes=limits.max_body_bytes)
     if auth.enabled:
