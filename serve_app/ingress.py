@@ -402,15 +402,32 @@ class BoundedOpenAiIngress(OpenAiIngress):
 
     # ---- the request path ----
 
+    def _needed_roles(self) -> list[str]:
+        """Roles whose absence means a request cannot be served here (decode; prefill only when decode
+        may not prefill locally)."""
+        return ["decode"] + ([] if self._failover.local_fallback else ["prefill"])
+
+    def _unavailable(self, role: str, state: Any) -> RoleUnavailable:
+        return RoleUnavailable(role, state.describe(), retry_after_s=self._failover.retry_after_s)
+
     def _blocking_role(self) -> Optional[RoleUnavailable]:
-        """A role whose absence means this request cannot be served here (decode; prefill only when
-        decode may not prefill locally)."""
-        roles = ["decode"] + ([] if self._failover.local_fallback else ["prefill"])
-        for role in roles:
+        for role in self._needed_roles():
             state = self._roles.unavailable(role)
             if state is not None:
-                return RoleUnavailable(role, state.describe(), retry_after_s=self._failover.retry_after_s)
+                return self._unavailable(role, state)
         return None
+
+    def _role_down_since(self, since: float) -> Callable[[], Optional[OpenAIError]]:
+        """For a request waiting for its first chunk: a needed role seen down after it was sent."""
+
+        def check() -> Optional[OpenAIError]:
+            for role in self._needed_roles():
+                state = self._roles.unavailable(role, since=since)
+                if state is not None:
+                    return self._unavailable(role, state)
+            return None
+
+        return check
 
     async def _serve_openai(self, request: Request, kind: str) -> Response:
         request_id = _request_id(request)
@@ -443,9 +460,6 @@ class BoundedOpenAiIngress(OpenAiIngress):
             raise
         return ReleasingResponse(response, release, {BACKEND_HEADER: "cluster"})
 
-    def _role_down_error(self) -> Optional[OpenAIError]:
-        return self._blocking_role()
-
     async def _get_response(self, *, body, call_method: str, raw_request=None):
         """Ray's `_get_response` (handle call to the serving deployment), plus: deadlines, a role that
         goes away ends the wait, one retry when the replica died before the first chunk, and the
@@ -465,6 +479,7 @@ class BoundedOpenAiIngress(OpenAiIngress):
             clock.model = body.model
             clock.stamp("ingress_dispatched")
         for attempt in (1, 2):
+            sent = time.monotonic()
             response = getattr(handle, call_method).remote(body, raw_info)
             finished = False
             first = True
@@ -474,7 +489,7 @@ class BoundedOpenAiIngress(OpenAiIngress):
                     first_s=self._timeouts.first_token_s,
                     between_s=self._timeouts.between_tokens_s,
                     what=what,
-                    role_down=self._role_down_error,
+                    role_down=self._role_down_since(sent),
                 ):
                     if first:
                         first = False

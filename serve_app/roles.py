@@ -5,11 +5,16 @@ dead and restarting), Serve's router waits for one without a deadline and the ap
 client would wait for the 300 s first-token timeout. A `RoleWatch` reads `serve.status()` every
 `poll_s` in the background, so the ingress answers 503 naming the role (or overflows) at once, the
 decode replica skips a prefill role that is down, and readiness reports both roles.
+
+A role counts as down only once two reads in a row found it without running replicas (`confirmed`):
+in an app's first seconds the last read may predate the replica that just came up, and nobody should
+get a 503 from a stale read. A request already waiting for a role sees it go down at the next read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -26,6 +31,7 @@ class RoleState:
     status: str
     message: str
     checked_at: float
+    confirmed: bool = False  # down in this read and the one before it
 
     @property
     def available(self) -> bool:
@@ -59,10 +65,15 @@ class RoleWatch:
         self.ensure_started()
         return self._states.get(role)
 
-    def unavailable(self, role: str) -> Optional[RoleState]:
-        """The role's state when it is known to be down; None when up or not known yet."""
+    def unavailable(self, role: str, *, since: Optional[float] = None) -> Optional[RoleState]:
+        """The role's state when it is down: confirmed by two reads, or (with `since`, a monotonic time)
+        read down at or after `since`. None when up or not known yet."""
         state = self.state(role)
-        return state if state is not None and not state.available else None
+        if state is None or state.available:
+            return None
+        if since is not None:
+            return state if state.checked_at >= since else None
+        return state if state.confirmed else None
 
     def snapshot(self) -> dict[str, Optional[RoleState]]:
         self.ensure_started()
@@ -93,6 +104,8 @@ class RoleWatch:
                 running = sum(n for s, n in overview.replica_states.items() if str(getattr(s, "value", s)) == "RUNNING")
                 state = RoleState(name, running, str(getattr(overview.status, "value", overview.status)), overview.message, now)
             previous = self._states.get(role)
+            if not state.available and previous is not None and not previous.available:
+                state = dataclasses.replace(state, confirmed=True)
             if previous is None or previous.available != state.available:
                 log = logger.info if state.available else logger.warning
                 log("role %s: %s", role, f"{state.running} running replica(s)" if state.available else state.describe())

@@ -145,3 +145,37 @@ def test_admission_queue_wait_is_bounded_and_cancellation_frees_the_place() -> N
         assert admission.in_flight == 0
 
     asyncio.run(scenario())
+
+
+
+def test_a_role_is_down_only_after_two_reads_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app's first seconds: the last read saw decode still starting; it may be up now. Nobody gets a
+    503 from one stale read (the race the loadtests' warm-up request once lost); two reads confirm."""
+    from types import SimpleNamespace
+
+    from serve_app import roles
+
+    running = {"n": 0}
+
+    def fake_status() -> Any:
+        deployment = SimpleNamespace(replica_states={"RUNNING": running["n"]}, status="UPDATING", message="starting")
+        return SimpleNamespace(applications={"app": SimpleNamespace(deployments={"Decode:m": deployment})})
+
+    monkeypatch.setattr(roles, "_serve_status", fake_status)
+
+    async def scenario() -> None:
+        watch = roles.RoleWatch({"decode": "Decode:m"}, poll_s=3600, app_name="app")
+        watch._publish = lambda *_: None  # type: ignore[method-assign]  # ray metrics need a Ray worker
+        await watch.poll()
+        assert watch.unavailable("decode") is None  # one read: not enough to turn requests away
+        await watch.poll()
+        down = watch.unavailable("decode")
+        assert down is not None and "Decode:m" in down.describe()
+        # A request sent before the last read sees it; one sent after does not, until the next read.
+        assert watch.unavailable("decode", since=down.checked_at) is not None
+        assert watch.unavailable("decode", since=down.checked_at + 1) is None
+        running["n"] = 1
+        await watch.poll()
+        assert watch.unavailable("decode") is None and watch.unavailable("decode", since=0.0) is None
+
+    asyncio.run(scenario())
