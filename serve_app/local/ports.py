@@ -134,17 +134,22 @@ class PortPlan:
 def holders_of(ports: set[int]) -> dict[int, str]:
     """Which of `ports` are bound locally (listening, or the local end of a live connection), and by whom.
 
-    TIME_WAIT leftovers of a stack that just stopped do not count: every server here binds with
-    SO_REUSEADDR, which TIME_WAIT does not block (a live outgoing connection's port does)."""
+    The closing connections a stack leaves behind when it stops (TIME_WAIT, FIN_WAIT..., owned by no
+    process any more) do not count: every server here binds with SO_REUSEADDR, which they do not block.
+    A live process's connection does (that is how an outgoing connection can steal a server's port)."""
     import psutil
 
     found: dict[int, str] = {}
     for conn in psutil.net_connections(kind="inet"):
-        if conn.status == psutil.CONN_TIME_WAIT:
+        if not conn.laddr or conn.laddr.port not in ports or conn.laddr.port in found:
             continue
-        if conn.laddr and conn.laddr.port in ports and conn.laddr.port not in found:
-            found[conn.laddr.port] = _describe(conn.pid, conn.status)
+        if conn.status != psutil.CONN_LISTEN and conn.pid is None and conn.status in _TEARDOWN:
+            continue
+        found[conn.laddr.port] = _describe(conn.pid, conn.status)
     return found
+
+
+_TEARDOWN = {"TIME_WAIT", "FIN_WAIT1", "FIN_WAIT2", "CLOSE_WAIT", "LAST_ACK", "CLOSING", "CLOSE"}
 
 
 def _describe(pid: Optional[int], status: str) -> str:
