@@ -84,6 +84,9 @@ def parse_args(argv: list[str] | None, device: Optional[str] = None) -> argparse
                    help="extra vLLM engine argument for every engine, e.g. max_num_seqs=32; repeatable")
     p.add_argument("--app-arg", action="append", default=[], metavar="PATH=JSON",
                    help="AppConfig override for every app, e.g. streaming.batch_interval_ms=0; repeatable")
+    p.add_argument("--serve-mode", choices=["high-throughput", "standard"], default="high-throughput",
+                   help="the app's Ray Serve mode (serve_app/local/cluster.py): HAProxy + throughput-optimized "
+                        "(the default, as the chart deploys it) or Serve's Python proxy")
     p.add_argument("--cluster-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of every Ray process of the app's cluster, e.g. Ray Serve's "
                         "RAY_SERVE_THROUGHPUT_OPTIMIZED=1; repeatable")
@@ -403,7 +406,7 @@ def run_stack(label: str, phase: str, cluster_env: dict[str, str], vllm: Any, pr
         apps = {"disaggregated": ("/", "disaggregated"), "aggregated": ("/agg", "aggregated")}
         overrides = {app: dict(a.app_arg) for app in apps}
     stack = LocalStack(apps=apps, ports=BENCH, model_path=prof.model_path, nodes=prof.nodes,
-                       app_args=prof.app_args, overrides=overrides, cluster_env=cluster_env,
+                       app_args=prof.app_args, overrides=overrides, cluster_env=cluster_env, serve_mode=a.serve_mode,
                        object_store_bytes=int((2 if prof.gpus else 0.25) * 1024**3), deploy_timeout_s=1500)
     try:
         t = time.monotonic()
@@ -448,7 +451,7 @@ def main(argv: list[str] | None = None, device: Optional[str] = None) -> int:
     results: dict[str, Any] = {"device": prof.device, "engine_args": prof.engine_args, "engine_env": prof.engine_env,
                                "phases": {}}
     summary: dict[str, Any] = {"device": prof.device, "compiled": prof.compiled, "model": str(a.model or a.shape),
-                               "cluster_env": a.cluster_env, "app_args": a.app_arg,
+                               "serve_mode": a.serve_mode, "cluster_env": a.cluster_env, "app_args": a.app_arg,
                                "pairs": a.pairs, "output_tokens": a.output_tokens, "startup_s": {}, "phases": {}}
     cal: Optional[Calibration] = None
     vllm = None

@@ -27,6 +27,12 @@ import psutil
 from serve_app.local.ports import DEMO, PortPlan, in_ephemeral_range
 
 NODE_IP = "127.0.0.2"
+# Ray Serve's high-throughput mode (Ray's KubeRay guide "Enable High Throughput on Ray Serve"): HAProxy in
+# place of the Python HTTP proxy, ingress replicas serving HTTP themselves, gRPC between deployments, user
+# code on the replica's main thread. Measured on one H200 it halves what serving adds to the time to first
+# token (bench/results/2026-12-01-h200). The chart sets the same environment on every Ray container.
+HIGH_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+SERVE_MODES = ("high-throughput", "standard")
 CLUSTER_ID_ENV = "RLD_CLUSTER_ID"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 METRICS_REPORT_INTERVAL_MS = 2000
