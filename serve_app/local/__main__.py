@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+from serve_app.local.cluster import SERVE_MODES
 from serve_app.local.ports import DEMO, PortPlan
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack, log
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
                         "below the kernel's ephemeral range")
     parser.add_argument("--deploy-timeout", type=float, default=900,
                         help="seconds to wait for the engines (about 3 min on an idle 2-core machine)")
+    parser.add_argument("--serve-mode", choices=SERVE_MODES, default="high-throughput",
+                        help="high-throughput: Ray Serve's HAProxy ingress and throughput-optimized mode, as the "
+                        "chart deploys it; standard: Serve's Python proxy")
     parser.add_argument("--exit-when-ready", action="store_true", help="stop again right after READY (smoke test)")
     parser.add_argument(
         "--api-key", action="append", default=[], metavar="KEY",
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, on_signal)
 
     install_handlers()
-    stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=ports, api_keys=tuple(args.api_key))
+    stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=ports, serve_mode=args.serve_mode, api_keys=tuple(args.api_key))
     try:
         stack.start(deploy_timeout_s=args.deploy_timeout)
     except KeyboardInterrupt:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY
-from serve_app.local.cluster import DEFAULT_NODES, LocalRayCluster, NodeSpec
+from serve_app.local.cluster import DEFAULT_NODES, HIGH_THROUGHPUT_ENV, SERVE_MODES, LocalRayCluster, NodeSpec
 from serve_app.local.ports import DEMO, PortPlan
 from serve_app.local.serve_config import local_app_args, serve_deploy_config, with_overrides
 from serve_app.local.tiny_model import ensure_tiny_model
@@ -54,14 +54,19 @@ class LocalStack:
     api_keys: tuple[str, ...] = ()
     pending_apps: frozenset[str] = frozenset()
     object_store_bytes: int = 256 * 1024**2
+    cluster_env: dict[str, str] = field(default_factory=dict)  # for every Ray process of the stack
+    serve_mode: str = "high-throughput"  # or "standard": Serve's Python proxy and defaults (cluster.SERVE_MODES)
     deploy_timeout_s: float = 600
     cluster: LocalRayCluster = field(init=False)
     serve_config: dict[str, Any] = field(init=False, default_factory=dict)
     timings: dict[str, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.serve_mode not in SERVE_MODES:
+            raise ValueError(f"serve_mode {self.serve_mode!r}: one of {', '.join(SERVE_MODES)}")
+        env = {**(HIGH_THROUGHPUT_ENV if self.serve_mode == "high-throughput" else {}), **self.cluster_env}
         self.cluster = LocalRayCluster(role_label_key=self.role_label_key, ports=self.ports, nodes=self.nodes,
-                                       object_store_bytes=self.object_store_bytes)
+                                       object_store_bytes=self.object_store_bytes, extra_env=env)
 
     @property
     def log_dir(self) -> Path:
@@ -148,9 +153,18 @@ class LocalStack:
         schema = ServeDeploySchema.model_validate(self.serve_config)
         ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
         try:
-            client = serve_api.serve_start(
-                http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location
-            )
+            for attempt in (1, 2):
+                try:
+                    client = serve_api.serve_start(
+                        http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location
+                    )
+                    break
+                except Exception as exc:  # noqa: BLE001 - Serve's proxy start is bounded at 60 s
+                    # On a saturated machine the HTTP proxy (HAProxy's manager in high-throughput mode) can
+                    # miss Serve's 60 s readiness bound; the controller replaces it, so ask once more.
+                    if attempt == 2:
+                        raise
+                    log(f"serve start: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}; retrying once")
             client.deploy_apps(schema)
             self._wait_running(timeout_s)
         finally:
