@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from ray.llm._internal.serve.observability.logging import get_logger
 
 from serve_app.config import AuthSpec
 from serve_app.errors import OpenAIError, send_error
+from serve_app.logs import get_logger
 
 logger = get_logger(__name__)
 

@@ -36,12 +36,12 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ErrorResponse,
 )
 from ray.llm._internal.serve.core.server.llm_server import LLMServer
-from ray.llm._internal.serve.observability.logging import get_logger
 from ray.llm._internal.serve.utils.server_utils import get_serve_request_id
 from ray.serve._private.http_util import session_id_from_headers
 from ray.serve.handle import DeploymentHandle
 
 from serve_app.config import FailoverSpec
+from serve_app.logs import get_logger
 from serve_app.roles import RoleWatch
 
 logger = get_logger(__name__)

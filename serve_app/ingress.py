@@ -45,7 +45,6 @@ from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
 from ray.llm._internal.serve.core.ingress.middleware import SetRequestIdMiddleware
 from ray.llm._internal.serve.core.protocol import RawRequestInfo
-from ray.llm._internal.serve.observability.logging import get_logger
 from ray.llm._internal.serve.observability.metrics.fast_api_metrics import (
     add_http_metrics_middleware,
     metrics_lifespan,
@@ -66,6 +65,7 @@ from serve_app.errors import (
     error_json,
 )
 from serve_app.limits import RequestGuard, parse_json_object, validate_request
+from serve_app.logs import get_logger
 from serve_app.overflow import BACKEND_HEADER, Overflow, OverflowFailed
 from serve_app.roles import RoleWatch
 

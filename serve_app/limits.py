@@ -28,10 +28,10 @@ from typing import Any, Iterable, Optional, Union
 from pydantic import ValidationError
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
-from ray.llm._internal.serve.observability.logging import get_logger
 
 from serve_app.config import LimitsSpec
 from serve_app.errors import OpenAIError, send_error
+from serve_app.logs import get_logger
 
 logger = get_logger(__name__)
 

@@ -25,11 +25,11 @@ from typing import Any, AsyncIterator, Optional
 
 import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
-from ray.llm._internal.serve.observability.logging import get_logger
 
 from serve_app.admission import ReleasingResponse
 from serve_app.config import OverflowSpec, TimeoutSpec
 from serve_app.errors import OpenAIError
+from serve_app.logs import get_logger
 
 logger = get_logger(__name__)
 

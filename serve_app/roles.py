@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ray.llm._internal.serve.observability.logging import get_logger
+from serve_app.logs import get_logger
 
 logger = get_logger(__name__)
 
