@@ -394,7 +394,7 @@ class BoundedOpenAiIngress(OpenAiIngress):
         roles: dict[str, str] = {}
         for role, state in self._roles.snapshot().items():
             roles[role] = "unknown" if state is None else ("ok" if state.available else f"unavailable: {state.describe()}")
-        blocking = self._blocking_role()
+        blocking = await self._blocking_role()
         if blocking is None:
             for model_id, handle in self._default_serve_handles.items():
                 try:
@@ -420,9 +420,9 @@ class BoundedOpenAiIngress(OpenAiIngress):
     def _unavailable(self, role: str, state: Any) -> RoleUnavailable:
         return RoleUnavailable(role, state.describe(), retry_after_s=self._failover.retry_after_s)
 
-    def _blocking_role(self) -> Optional[RoleUnavailable]:
+    async def _blocking_role(self) -> Optional[RoleUnavailable]:
         for role in self._needed_roles():
-            state = self._roles.unavailable(role)
+            state = await self._roles.confirmed_unavailable(role)
             if state is not None:
                 return self._unavailable(role, state)
         return None
@@ -448,7 +448,7 @@ class BoundedOpenAiIngress(OpenAiIngress):
         model_id = body.model or next(iter(self._model_cards))
         if self._limits.max_tokens and not ({"max_tokens", "max_completion_tokens"} & data.keys()):
             data = {**data, "max_tokens": self._limits.max_tokens}  # the cap holds on the overflow path too
-        blocked = self._blocking_role()
+        blocked = await self._blocking_role()
         if blocked is not None:
             if self._overflow.on_role_unavailable():
                 try:

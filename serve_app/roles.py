@@ -6,9 +6,11 @@ client would wait for the 300 s first-token timeout. A `RoleWatch` reads `serve.
 `poll_s` in the background, so the ingress answers 503 naming the role (or overflows) at once, the
 decode replica skips a prefill role that is down, and readiness reports both roles.
 
-A role counts as down only once two reads in a row found it without running replicas (`confirmed`):
-in an app's first seconds the last read may predate the replica that just came up, and nobody should
-get a 503 from a stale read. A request already waiting for a role sees it go down at the next read.
+A role counts as down only once two reads in a row found it without running replicas (`confirmed`),
+and before a request is turned away for it, Serve is read again (`confirmed_unavailable`: one shared
+read that started after the request arrived): the last background read may predate a replica that just
+came up (an app's first seconds), and nobody gets a 503 from a stale read. A request already waiting
+for a role sees it go down at the next read.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class RoleWatch:
         self._app_name = app_name
         self._states: dict[str, RoleState] = {}
         self._task: Optional[asyncio.Task] = None
+        self._refresh: Optional[asyncio.Future] = None
+        self._fresh_since = float("-inf")  # start time of the newest read that completed
         self._gauge = None
 
     def ensure_started(self) -> None:
@@ -75,6 +79,21 @@ class RoleWatch:
             return state if state.checked_at >= since else None
         return state if state.confirmed else None
 
+    async def confirmed_unavailable(self, role: str) -> Optional[RoleState]:
+        """`unavailable(role)` as of a read of Serve that started after this call (shared by callers)."""
+        if self.unavailable(role) is None:
+            return None
+        asked = time.monotonic()
+        while self._fresh_since < asked:
+            if self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.ensure_future(self.poll())
+            try:
+                await asyncio.shield(self._refresh)
+            except Exception as exc:  # noqa: BLE001 - cannot read: keep the last known state
+                logger.warning("role watch: reading serve.status() failed (%s: %s)", type(exc).__name__, exc)
+                break
+        return self.unavailable(role)
+
     def snapshot(self) -> dict[str, Optional[RoleState]]:
         self.ensure_started()
         return {role: self._states.get(role) for role in self._deployments}
@@ -90,6 +109,7 @@ class RoleWatch:
             await asyncio.sleep(self._poll_s)
 
     async def poll(self) -> None:
+        started = time.monotonic()
         status = await asyncio.to_thread(_serve_status)
         app_name = self._app_name or _own_app_name()
         app = status.applications.get(app_name)
@@ -111,6 +131,7 @@ class RoleWatch:
                 log("role %s: %s", role, f"{state.running} running replica(s)" if state.available else state.describe())
             self._states[role] = state
             self._publish(role, state)
+        self._fresh_since = max(self._fresh_since, started)
 
     def _publish(self, role: str, state: RoleState) -> None:
         if self._gauge is None:

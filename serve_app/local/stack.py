@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,7 +207,11 @@ class LocalStack:
             if app in self.pending_apps:
                 continue
             body = {"model": self.model_id(app), "prompt": prompt, "max_tokens": 2, "temperature": 0}
-            post_json(f"{self.base_url(app)}/completions", body, timeout_s=180, api_key=self.api_key)
+            try:
+                post_json(f"{self.base_url(app)}/completions", body, timeout_s=180, api_key=self.api_key)
+            except urllib.error.HTTPError as exc:
+                detail = exc.read().decode(errors="replace")[:800]
+                raise RuntimeError(f"warm-up request to app {app!r} failed: HTTP {exc.code}: {detail}") from exc
 
     def _logs(self) -> str:
         return f"{self.cluster.temp_dir}/session_latest/logs (serve/ and worker-*.err)"

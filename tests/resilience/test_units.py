@@ -149,8 +149,8 @@ def test_admission_queue_wait_is_bounded_and_cancellation_frees_the_place() -> N
 
 
 def test_a_role_is_down_only_after_two_reads_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The app's first seconds: the last read saw decode still starting; it may be up now. Nobody gets a
-    503 from one stale read (the race the loadtests' warm-up request once lost); two reads confirm."""
+    """Down takes two reads in a row; a request is turned away only after a read that started after it
+    arrived (the app's first seconds: the loadtests' warm-up request once got a 503 from a stale read)."""
     from types import SimpleNamespace
 
     from serve_app import roles
@@ -174,8 +174,15 @@ def test_a_role_is_down_only_after_two_reads_say_so(monkeypatch: pytest.MonkeyPa
         # A request sent before the last read sees it; one sent after does not, until the next read.
         assert watch.unavailable("decode", since=down.checked_at) is not None
         assert watch.unavailable("decode", since=down.checked_at + 1) is None
+        # The replica comes up after the last read: a request that would be turned away reads again first.
         running["n"] = 1
-        await watch.poll()
+        assert watch.unavailable("decode") is not None  # the cached read is stale
+        assert await watch.confirmed_unavailable("decode") is None
         assert watch.unavailable("decode") is None and watch.unavailable("decode", since=0.0) is None
+        running["n"] = 0
+        await watch.poll()
+        assert await watch.confirmed_unavailable("decode") is None  # one read down again: not yet
+        await watch.poll()
+        assert await watch.confirmed_unavailable("decode") is not None
 
     asyncio.run(scenario())
