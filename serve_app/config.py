@@ -91,6 +91,12 @@ class RoleSpec(StrictModel):
                 raise ValueError(
                     f"engine_args.{key} is set by the app; set {RESERVED_ENGINE_ARGS[key]} instead"
                 )
+        dp = self.engine_args.get("data_parallel_size", 1)
+        if not isinstance(dp, int) or dp > 1:
+            raise ValueError(
+                f"engine_args.data_parallel_size ({dp}): serve_app does not run vLLM data parallelism; "
+                "scale with replicas instead"
+            )
         return self
 
     @property

@@ -37,15 +37,19 @@ MATRIX: dict[str, dict] = {
     "decode-tp16-over-two-hosts": {
         "prefill": {"tensorParallelSize": 8, **GPU8}, "decode": {"tensorParallelSize": 16, **GPU8}},
     "allow-prefill-tp-above-decode": {
-        "kvTransfer": {"allowPrefillTPGreaterThanDecode": True},
+        "kvTransfer": {"allowPrefillTpGreaterThanDecode": True},
         "prefill": {"tensorParallelSize": 4, "gpusPerHost": 4}, "decode": {"tensorParallelSize": 2, "gpusPerHost": 2}},
     "efa-on-p5": {
         "efa": {"enabled": True},
         "prefill": {"tensorParallelSize": 8, **GPU8, "nodeSelector": P5},
         "decode": {"tensorParallelSize": 8, **GPU8, "nodeSelector": P5}},
-    "efa-without-hugepages": {"efa": {"enabled": True, "hugepages2Mi": "", "devicesPerHost": 4}},
-    "efa-privileged-ucx": {"efa": {"enabled": True, "privileged": True}, "kvTransfer": {"backend": "UCX"}},
-    "efa-custom-env": {"efa": {"enabled": True, "env": {"FI_EFA_USE_HUGE_PAGE": "0", "NCCL_DEBUG": "INFO"}}},
+    "efa-without-hugepages": {"efa": {"enabled": True, "hugepages2Mi": ""},
+                              "prefill": {"efaDevicesPerHost": 4}, "decode": {"efaDevicesPerHost": 4}},
+    "efa-privileged-ucx": {"efa": {"enabled": True, "privileged": True}, "kvTransfer": {"backend": "UCX"},
+                           "prefill": {"efaDevicesPerHost": 2}, "decode": {"efaDevicesPerHost": 2}},
+    "efa-custom-env": {"efa": {"enabled": True, "env": {"FI_EFA_USE_HUGE_PAGE": "0", "NCCL_DEBUG": "INFO"}},
+                       "prefill": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.4xlarge"}},
+                       "decode": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.4xlarge"}}},
     "efa-off-no-ipc-lock": {"ipcLock": False},
     "autoscaling-prefill": {"prefill": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3},
                                         "idleTimeoutSeconds": 300}},
@@ -64,7 +68,7 @@ MATRIX: dict[str, dict] = {
                                          "tokenizerSource": "s3://bucket/tokenizer"}},
     "s3-model-with-irsa": {"model": {"id": "llama", "source": "s3://models/llama-3-8b"},
                            "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}}},
-    "custom-role-label-key": {"placement": {"roleLabelKey": "example.com/pd-role", "ingressLabel": {"pool": "cpu"},
+    "custom-role-label-key": {"placement": {"roleLabelKey": "example.com/pd-role", "frontendLabel": {"pool": "cpu"},
                                             "pinRoles": False}},
     "no-scheduling-preferences": {"scheduling": {"roleAntiAffinity": {"enabled": False}, "sameZone": {"enabled": False}}},
     "user-affinity-merged": {"prefill": {"affinity": {
@@ -80,20 +84,20 @@ MATRIX: dict[str, dict] = {
                                           "initializingTimeout": "90m", "annotations": {"team": "ml"}},
     "image-digest": {"image": {"digest": "sha256:" + "a" * 64}},
     "image-tag": {"image": {"tag": "dev-123"}},
-    "selective-disagg-and-serve-options": {"remotePrefillMinTokens": 256, "serveIngress": {"replicas": 2, "numCpus": 0.5},
+    "selective-disagg-and-serve-options": {"remotePrefillMinTokens": 256, "frontend": {"replicas": 2, "numCpus": 0.5},
                                            "serve": {"httpOptions": {"request_timeout_s": 600}}},
-    "extras": {"env": [{"name": "RAY_SERVE_LOG_LEVEL", "value": "DEBUG"}],
+    "extras": {"extraEnv": [{"name": "RAY_SERVE_LOG_LEVEL", "value": "DEBUG"}],
                "head": {"rayStartParams": {"metrics-export-port": "8080"}, "nodeSelector": {"pool": "cpu"},
                         "extraEnv": [{"name": "HEAD_ONLY", "value": "1"}]},
                "prefill": {"extraEnv": [{"name": "NIXL_LOG_LEVEL", "value": "DEBUG"}],
-                           "env": {"VLLM_LOGGING_LEVEL": "DEBUG"},
+                           "engineEnv": {"VLLM_LOGGING_LEVEL": "DEBUG"},
                            "engineArgs": {"max_model_len": 4096, "enable_prefix_caching": True},
                            "rayLabels": {"example.com/pool": "p5"},
                            "rayStartParams": {"num-cpus": "16"},
                            "extraVolumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "fsx"}}],
                            "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
                            "podAnnotations": {"a": "b"}, "podLabels": {"team": "ml"}, "priorityClassName": "high"}},
-    "accelerator-type": {"acceleratorType": "H100"},
+    "accelerator-type": {"prefill": {"acceleratorType": "H100"}, "decode": {"acceleratorType": "H200"}},
     "engine-env-timeouts-metrics": {"engineEnv": {"VLLM_LOGGING_LEVEL": "INFO"}, "engineMetrics": False,
                                     "timeouts": {"firstTokenS": 900, "betweenTokensS": 12.5}},
     "service-nlb": {"service": {"type": "LoadBalancer", "annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}}},
@@ -225,6 +229,9 @@ def test_num_of_hosts_is_tp_times_pp_over_gpus_per_host(tp, pp, gpus, expected):
 def test_one_template_renders_both_roles():
     """Give both roles identical values: the groups must then differ only in what names the role."""
     same = {"tensorParallelSize": 8, "gpusPerHost": 8, "nodeSelector": {"pool": "gpu"}, "engineArgs": {"max_model_len": 1024},
+            "efaDevicesPerHost": 8, "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                                   "whenUnsatisfiable": "ScheduleAnyway"}],
+            "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1}, "sidecars": [{"name": "log", "image": "busybox"}],
             "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}}
     r = render(values={"prefill": same, "decode": same, "efa": {"enabled": True}})
     pre = json.dumps(r.groups["prefill"], sort_keys=True)
@@ -299,7 +306,8 @@ def test_set_flags_work_like_values_files():
     flags = ["--set", "kvTransfer.connector=NixlPushConnector", "--set", "prefill.tensorParallelSize=8",
              "--set", "prefill.pipelineParallelSize=2", "--set", "prefill.gpusPerHost=8",
              "--set", "decode.tensorParallelSize=8", "--set", "decode.gpusPerHost=8", "--set", "decode.replicas=3",
-             "--set", "prefill.engineArgs.max_model_len=4096", "--set", "efa.enabled=true", "--set", "efa.devicesPerHost=16"]
+             "--set", "prefill.engineArgs.max_model_len=4096", "--set", "efa.enabled=true",
+             "--set", "prefill.efaDevicesPerHost=16", "--set", "decode.efaDevicesPerHost=16"]
     r = render(values={}, extra=flags)
     assert r.groups["prefill"]["numOfHosts"] == 2
     assert r.groups["decode"]["replicas"] == 3
