@@ -150,6 +150,8 @@ def check_labels_and_pull_secrets(r: Rendered) -> None:
     chart = {"helm.sh/chart": f"ray-llm-disagg-{chart_yaml()['version']}", "app.kubernetes.io/part-of": "ray-llm-disagg",
              "app.kubernetes.io/version": chart_yaml()["appVersion"]}
     for d in r.docs:
+        if d["metadata"]["name"] in extra_object_names(r):
+            continue  # the user's own objects (extraObjects), rendered as given
         labels = d["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == r.release
         assert labels["app.kubernetes.io/name"] == chart_name(v)
@@ -718,7 +720,19 @@ def check_efa_preflight(r: Rendered) -> None:
     assert kind["ConfigMap"]["data"]["efa_preflight.py"].strip() == script.strip()
 
 
-def check_extra_objects(r: Rendered) -> None:
+def extra_object_names(r: Rendered) -> set[str]:
+    names = set()
     for obj in r.values["extraObjects"]:
-        if isinstance(obj, dict):
-            assert any(d["kind"] == obj["kind"] and d["metadata"]["name"] == obj["metadata"]["name"] for d in r.docs)
+        doc = obj if isinstance(obj, dict) else yaml.safe_load(obj.replace("{{ .Release.Name }}", r.release))
+        names.add(doc["metadata"]["name"].replace("{{ .Release.Name }}", r.release))
+    return names
+
+
+def check_extra_objects(r: Rendered) -> None:
+    rendered = {d["metadata"]["name"]: d for d in r.docs}
+    for name in extra_object_names(r):
+        assert name in rendered, f"extraObjects entry {name} not rendered"
+    for obj in r.values["extraObjects"]:
+        if isinstance(obj, dict):  # maps go through tpl too
+            doc = rendered[obj["metadata"]["name"]]
+            assert "{{" not in yaml.safe_dump(doc)

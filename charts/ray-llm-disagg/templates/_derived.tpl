@@ -151,5 +151,5 @@ defaults; what the NetworkPolicy opens and what serve.port / sideChannelPort mus
 
 {{/* Idle timeout (s) the chart gives a load balancer in front of the app: above the longest silence the app allows. */}}
 {{- define "ray-llm-disagg.lbIdleTimeout" -}}
-{{- add (ceil (max (float64 .Values.timeouts.firstTokenS) (float64 .Values.timeouts.betweenTokensS))) 30 | int -}}
+{{- add (ceil (maxf .Values.timeouts.firstTokenS .Values.timeouts.betweenTokensS)) 30 | int -}}
 {{- end -}}
