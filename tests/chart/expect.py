@@ -107,10 +107,10 @@ def efa_devices(v: dict, role: str) -> int:
 
 
 def accelerator_type(v: dict, role: str) -> str | None:
-    if v["accelerator"] != "gpu":
-        return None
     if v[role]["acceleratorType"]:
         return v[role]["acceleratorType"]
+    if v["accelerator"] != "gpu":
+        return None
     accs = {x.get("acceleratorType") for x in known(v, role)}
     return accs.pop() if len(accs) == 1 else None
 
