@@ -1,8 +1,8 @@
 # Front door. `make demo` and `make test` are the README's two quick-start commands.
-.PHONY: demo test test-chart test-serve-app test-cluster test-loadtests toolchain pyenv cluster-up cluster-down bench values-doc values-schema
+.PHONY: demo test test-chart test-serve-app test-cluster test-loadtests toolchain pyenv cluster-up cluster-down bench bench-ttft values-doc values-schema
 
-demo:            ## serve a tiny CPU model, disaggregated, on http://127.0.0.1:8000/v1 (Ctrl-C stops)
-	hack/demo.sh
+demo:            ## serve a tiny CPU model, disaggregated, on http://127.0.0.1:8000/v1 (Ctrl-C stops); DEMO_ARGS="--exit-when-ready ..."
+	hack/demo.sh $(DEMO_ARGS)
 
 test:            ## every test suite; installs tools and Python deps on first run
 	hack/test.sh
@@ -24,6 +24,9 @@ cluster-down:
 
 bench:           ## direct vLLM vs aggregated vs disaggregated, on this machine
 	bench/cpu_bench.sh
+
+bench-ttft:      ## paired TTFT vs direct vLLM and disaggregated vs aggregated, per hop, on this machine's CPU
+	$$(hack/pyenv.sh python) -m bench.ttft --device cpu $(BENCH_ARGS)
 
 values-doc:      ## values reference table (chart README) from values.yaml comments
 	@python3 hack/values-doc.py --write charts/ray-llm-disagg/README.md

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from serve_app.config import RESERVED_ENGINE_ARGS, AppConfig
 
 from .conftest import CHART, EXAMPLES, REPO, effective_values, load_values, render, render_error
-from .expect import accelerator_type, backend, buffer_device, push, roles_of
+from .expect import accelerator_type, backend, buffer_device, roles_of
 from .test_chart_invalid import INVALID
 from .test_chart_render import MATRIX
 
@@ -148,8 +148,6 @@ def expected_args(v: dict) -> dict:
         args[role].pop("accelerator_type", None)
         if accelerator_type(v, role):
             args[role]["accelerator_type"] = accelerator_type(v, role)
-        if not push(v):
-            args[role].pop("side_channel_port", None)
     keys = v["auth"]["apiKeySecret"]
     if keys["name"]:
         args.setdefault("auth", {})["api_keys_file"] = f"/etc/ray-llm-disagg/api-keys/{keys['key']}"

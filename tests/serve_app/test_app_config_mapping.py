@@ -78,8 +78,13 @@ def test_cpu_local_args_map_to_cpu_bundles_and_loopback_env() -> None:
         assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" and env["UCX_NET_DEVICES"] == "lo"
         assert config.engine_kwargs["kv_transfer_config"]["kv_buffer_device"] == "cpu"
         assert config.engine_kwargs["enforce_eager"] is True
-    assert configs["prefill"].runtime_env["env_vars"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "20100"
-    assert configs["decode"].runtime_env["env_vars"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "22100"
+    # NixlConnector: the role's port is a base Ray offsets per replica, never one fixed env port.
+    for role, base in (("prefill", 20100), ("decode", 22100)):
+        assert configs[role].experimental_configs["NIXL_SIDE_CHANNEL_PORT_BASE"] == base
+        assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in configs[role].runtime_env["env_vars"]
+    # Ray's P/D validation keeps our decode base instead of its default 22000.
+    pd = PDServingArgs.model_validate({"prefill_config": configs["prefill"], "decode_config": configs["decode"]})
+    assert pd.decode_config.experimental_configs["NIXL_SIDE_CHANNEL_PORT_BASE"] == 22100
 
 
 def test_aggregated_mode_has_one_engine_without_kv_connector() -> None:
@@ -133,3 +138,28 @@ def test_invalid_args_fail_at_build_time_naming_the_field(overrides: dict[str, A
 def test_ray_rejects_an_unknown_accelerator_type() -> None:
     with pytest.raises(ValueError, match="H1000"):
         llm_configs(parse_app_config(gpu_args(decode={"tensor_parallel_size": 8, "accelerator_type": "H1000"})))
+
+
+def test_a_role_can_share_a_gpu_with_fractional_bundles() -> None:
+    args = gpu_args(mode="aggregated", prefill=None,
+                    decode={"gpu_fraction": 0.25, "accelerator_type": "H100", "engine_args": {"gpu_memory_utilization": 0.2}})
+    decode = llm_configs(parse_app_config(args))["decode"]
+    bundles = decode.get_engine_config().placement_bundles
+    assert bundles == [{"GPU": 0.25, "accelerator_type:H100": 0.001}]
+    # Ray Serve LLM tells vLLM its share (VLLM_RAY_PER_WORKER_GPUS) from the fractional bundle.
+    assert decode.get_engine_config().get_runtime_env_with_local_env_vars()["env_vars"][
+        "VLLM_RAY_PER_WORKER_GPUS"] == "0.25"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"decode": {"gpu_fraction": 0.5, "tensor_parallel_size": 2}}, "gpu_fraction"),
+        ({"decode": {"gpu_fraction": 0}}, "gpu_fraction"),
+        ({"accelerator": "cpu", "mode": "aggregated", "prefill": None, "decode": {"gpu_fraction": 0.5}},
+         "gpu_fraction"),
+    ],
+)
+def test_gpu_sharing_that_cannot_work_is_refused(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(AppConfigError, match=message):
+        parse_app_config(gpu_args(**overrides))
