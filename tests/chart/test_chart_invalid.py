@@ -161,7 +161,7 @@ INVALID: list[Bad] = [
         "head.rayStartParams.dashboard-host", "set by the chart"),
     Bad("redis-username-param", {"head": {"rayStartParams": {"redis-username": "u"}}},
         "head.rayStartParams.redis-username", "gcsFaultTolerance"),
-    Bad("ray-start-param-not-string", {"decode": {"rayStartParams": {"num-gpus": 8}}}, "decode.rayStartParams.num-gpus", "want string"),
+    Bad("ray-start-param-not-string", {"decode": {"rayStartParams": {"num-cpus": 8}}}, "decode.rayStartParams.num-cpus", "want string"),
     # --- labels (commonLabels over global over the chart's, selector labels protected) ---
     Bad("common-label-instance", {"commonLabels": {"app.kubernetes.io/instance": "other"}},
         "commonLabels.app.kubernetes.io/instance", "selector label"),
@@ -225,6 +225,22 @@ INVALID: list[Bad] = [
     Bad("ingress-host-uppercase", {"ingress": {"enabled": True, "host": "LLM.example.com"}}, "ingress.host", "DNS name"),
     Bad("alb-certificate-not-arn", {"ingress": {"enabled": True, "alb": {"certificateArn": "my-cert"}}},
         "ingress.alb.certificateArn", "ACM certificate ARN"),
+    Bad("ingress-path-not-served", {"ingress": {"enabled": True, "path": "/llm"}}, "ingress.path", "would 404"),
+    Bad("ingress-tls-misses-host", {"ingress": {"enabled": True, "host": "llm.example.com",
+                                                "tls": [{"hosts": ["chat.example.com"]}]}},
+        "ingress.tls", "no entry covers ingress.host llm.example.com"),
+    Bad("nginx-tls-without-secret", {"ingress": {"enabled": True, "className": "nginx", "host": "llm.example.com",
+                                                 "tls": [{"hosts": ["llm.example.com"]}]}},
+        "ingress.tls[0].secretName", "default certificate"),
+    # --- image tags: strings (YAML would turn 1.10 into 1.1) ---
+    Bad("image-tag-number", {"image": {"tag": 1.10}}, "image.tag", "quote it in YAML"),
+    Bad("test-image-tag-number", {"tests": {"image": {"tag": 8.1}}}, "tests.image.tag", "quote it in YAML"),
+    # --- resources the chart sets ---
+    Bad("gpu-in-resources", {"prefill": {"resources": {"limits": {"nvidia.com/gpu": "4"}}}},
+        "prefill.resources.limits.nvidia.com/gpu", "gpusPerHost"),
+    Bad("efa-in-resources", {"decode": {"resources": {"requests": {"vpc.amazonaws.com/efa": "16"}}}},
+        "decode.resources.requests.vpc.amazonaws.com/efa", "efaDevicesPerHost"),
+    Bad("num-gpus-param", {"decode": {"rayStartParams": {"num-gpus": "4"}}}, "decode.rayStartParams.num-gpus", "nvidia.com/gpu limit"),
     # --- pod fields: one shape, names the chart owns ---
     Bad("sidecar-named-like-ray", {"decode": {"sidecars": [{"name": "ray-worker", "image": "busybox"}]}},
         "decode.sidecars.0.name", "other than ray-head / ray-worker"),

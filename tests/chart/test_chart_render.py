@@ -208,6 +208,10 @@ MATRIX: dict[str, dict] = {
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ .Release.Name }}-extra\nstringData:\n  a: b\n"]},
     "scale-to-zero-decode": {"decode": {"replicas": 0, "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2}}},
     "aggregated-ignores-prefill-mistakes": {"mode": "aggregated", "prefill": {"replicas": 0, "pipelineParallelSize": 2}},
+    "route-prefix-under-ingress-path": {"serve": {"routePrefix": "/llm"},
+                                        "ingress": {"enabled": True, "path": "/llm", "host": "a.example.com",
+                                                    "tls": [{"hosts": ["*.example.com"]}]}},
+    "image-tag-quoted": {"image": {"tag": "1.10"}, "tests": {"image": {"tag": "8.11.1"}}},
 }
 
 
