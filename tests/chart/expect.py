@@ -460,7 +460,7 @@ def check_worker_group(r: Rendered, role: str) -> None:
                  if t["podAffinityTerm"]["topologyKey"] == zk]
     user_pa = (rv["affinity"] or {}).get("podAffinity") or {}
     required = [t for t in required if t not in (user_pa.get("requiredDuringSchedulingIgnoredDuringExecution") or [])]
-    if disagg and v["scheduling"]["sameZone"]["enabled"]:
+    if (disagg or v["efa"]["enabled"]) and v["scheduling"]["sameZone"]["enabled"]:
         ours = required if v["efa"]["enabled"] else preferred
         assert len(ours) == 1, "EFA does not cross zones: same zone is required with EFA, preferred otherwise"
         assert not (preferred if v["efa"]["enabled"] else required)

@@ -212,6 +212,10 @@ MATRIX: dict[str, dict] = {
                                         "ingress": {"enabled": True, "path": "/llm", "host": "a.example.com",
                                                     "tls": [{"hosts": ["*.example.com"]}]}},
     "image-tag-quoted": {"image": {"tag": "1.10"}, "tests": {"image": {"tag": "8.11.1"}}},
+    "aggregated-multi-host-efa-same-zone": {"mode": "aggregated", "efa": {"enabled": True},
+                                            "decode": {**GPU8, "tensorParallelSize": 8, "pipelineParallelSize": 2,
+                                                       "nodeSelector": P5}},
+    "serve-request-timeout-above-first-token": {"serve": {"httpOptions": {"request_timeout_s": 600}}, "timeouts": {"firstTokenS": 300}},
 }
 
 
