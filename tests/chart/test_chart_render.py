@@ -1,5 +1,5 @@
 """Render every example and a matrix of overrides; check the objects field by field, validate them
-offline against the KubeRay v1.5.0 CRD and Kubernetes schemas (kubeconform -strict), and validate
+offline against the KubeRay CRD (KUBERAY_VERSION) and Kubernetes schemas (kubeconform -strict), and validate
 the serve args with the app's own pydantic models (serve_app.config.AppConfig)."""
 
 from __future__ import annotations
