@@ -1,8 +1,8 @@
 # Front door. `make demo` and `make test` are the README's two quick-start commands.
 .PHONY: demo test test-chart test-serve-app test-cluster test-loadtests test-monitoring toolchain pyenv cluster-up cluster-down bench values-doc
 
-demo:            ## serve a tiny CPU model, disaggregated, on http://127.0.0.1:8000/v1 (Ctrl-C stops)
-	hack/demo.sh
+demo:            ## serve a tiny CPU model, disaggregated, on http://127.0.0.1:8000/v1 (Ctrl-C stops); DEMO_ARGS="--exit-when-ready ..."
+	hack/demo.sh $(DEMO_ARGS)
 
 test:            ## every test suite; installs tools and Python deps on first run
 	hack/test.sh

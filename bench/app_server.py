@@ -12,12 +12,6 @@ import signal
 import sys
 import threading
 
-# Far from the launcher's defaults (GCS 6391, agents 52400+, workers 10100-13098) and from the NIXL
-# side-channel ports Ray assigns (20000, 22000).
-BENCH_GCS_PORT = 6471
-BENCH_AGENT_BASE = 52700
-BENCH_WORKER_BASE = 30100
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.app_server", description=__doc__)
@@ -25,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
 
-    from serve_app.local.cluster import PortPlan
+    from serve_app.local.ports import BENCH, PortPlan
     from serve_app.local.stack import LocalStack, log
 
     stop = threading.Event()
@@ -41,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stack = LocalStack(
         apps={"llm": ("/", args.mode)},
-        ports=PortPlan(gcs=BENCH_GCS_PORT, http=args.port, agent_base=BENCH_AGENT_BASE,
-                       worker_base=BENCH_WORKER_BASE),
+        ports=PortPlan(http=args.port, base=BENCH.base),
     )
     try:
         stack.start()

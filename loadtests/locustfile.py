@@ -24,7 +24,9 @@ import json
 import logging
 import math
 import random
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import gevent
@@ -35,10 +37,14 @@ from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC, RequestStats, StatsEntry
 
-from openai_load import options, prompts, slo
-from openai_load.samples import E2E, ITL, TOKENS_PER_S, TTFT, SampleStore, percentile
-from openai_load.server import Endpoints, ServerProbe, SetupClient
-from openai_load.sse import StreamResult, consume_sse, iter_response_lines
+# One import name everywhere, `loadtests.openai_load`: Locust puts only this file's folder on sys.path,
+# so add the folder above it (the repo root here, the ConfigMap mount in-cluster).
+sys.path.insert(0, str(Path(__file__).absolute().parents[1]))
+
+from loadtests.openai_load import options, prompts, slo  # noqa: E402
+from loadtests.openai_load.samples import E2E, ITL, TOKENS_PER_S, TTFT, SampleStore, percentile  # noqa: E402
+from loadtests.openai_load.server import Endpoints, ServerProbe, SetupClient  # noqa: E402
+from loadtests.openai_load.sse import StreamResult, consume_sse, iter_response_lines  # noqa: E402
 
 log = logging.getLogger("openai_load")
 

@@ -80,8 +80,10 @@ class RoleSpec(StrictModel):
         default=None,
         ge=1024,
         le=65535,
-        description="NIXL side-channel port. Ray 2.58 sets it only for NixlConnector; "
-        "NixlPushConnector needs it explicitly or both engines bind vLLM's default 5600.",
+        description="NIXL side-channel base port of this role. NixlConnector: Ray adds each replica's "
+        "offset (replica rank x TP x PP), so replicas on one node never collide (unset: Ray's 20000 for "
+        "prefill, 22000 for decode). NixlPushConnector: the engine's fixed port, required (Ray 2.58 assigns "
+        "none and both engines would bind vLLM's default 5600).",
     )
 
     @model_validator(mode="after")

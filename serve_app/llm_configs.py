@@ -65,9 +65,23 @@ def deployment_config(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, An
 
 def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
     env = {**app.engine_env, **spec.engine_env}
-    if spec.side_channel_port is not None:
+    if spec.side_channel_port is not None and _moves_kv(app) and app.kv_transfer.connector == "NixlPushConnector":
+        # Ray 2.58 assigns no side-channel port for the push connector: one fixed port per engine.
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
     return {"env_vars": env}
+
+
+def experimental_configs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
+    """Ray Serve LLM's per-deployment experimental settings."""
+    configs: dict[str, Any] = {}
+    if spec.side_channel_port is not None and _moves_kv(app) and app.kv_transfer.connector == "NixlConnector":
+        # A base, not a port: Ray adds replica rank x TP x PP, so replicas on one node never collide.
+        configs["NIXL_SIDE_CHANNEL_PORT_BASE"] = spec.side_channel_port
+    return configs
+
+
+def _moves_kv(app: AppConfig) -> bool:
+    return app.mode == "disaggregated"
 
 
 def role_llm_config(app: AppConfig, role: str) -> dict[str, Any]:
@@ -82,6 +96,7 @@ def role_llm_config(app: AppConfig, role: str) -> dict[str, Any]:
         "engine_kwargs": engine_kwargs(app, role, spec),
         "deployment_config": deployment_config(app, role, spec),
         "runtime_env": runtime_env(app, role, spec),
+        "experimental_configs": experimental_configs(app, role, spec),
         "log_engine_metrics": app.engine_metrics,
     }
 

@@ -24,16 +24,19 @@ from pathlib import Path
 from typing import Any
 
 LOADTESTS = Path(__file__).resolve().parents[1]
+REPO_ROOT = LOADTESTS.parent
 LOCUST_IMAGE = "locustio/locust:2.47.0"  # same Locust as pyproject's test group
 MOUNT = "/mnt/locust"
-SOURCES = ["locustfile.py"] + sorted(
-    f"openai_load/{p.name}" for p in (LOADTESTS / "openai_load").glob("*.py")
+# Mounted at their paths relative to the repo root, so the locustfile imports `loadtests.openai_load`
+# in the pod exactly as it does in a checkout.
+SOURCES = ["loadtests/__init__.py", "loadtests/locustfile.py"] + sorted(
+    f"loadtests/openai_load/{p.name}" for p in (LOADTESTS / "openai_load").glob("*.py")
 )
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def _key(path: str) -> str:
-    """ConfigMap keys cannot contain '/': openai_load/sse.py -> openai_load__sse.py."""
+    """ConfigMap keys cannot contain '/': loadtests/openai_load/sse.py -> loadtests__openai_load__sse.py."""
     return path.replace("/", "__")
 
 
@@ -53,8 +56,8 @@ def build(a: argparse.Namespace, extra: list[str]) -> list[dict[str, Any]]:
     run_s = _seconds(a.run_time)
     labels = {"app.kubernetes.io/name": "llm-loadtest", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/part-of": "ray-llm-disagg"}
-    data = {_key(p): (LOADTESTS / p).read_text() for p in SOURCES}
-    args = ["-f", f"{MOUNT}/locustfile.py", "--headless", "--only-summary", "-H", target,
+    data = {_key(p): (REPO_ROOT / p).read_text() for p in SOURCES}
+    args = ["-f", f"{MOUNT}/loadtests/locustfile.py", "--headless", "--only-summary", "-H", target,
             "-u", str(a.users), "-r", str(a.spawn_rate or a.users), "-t", a.run_time,
             "--stop-timeout", "30", "--workload", a.workload, "--api", a.api,
             "--csv", "/reports/locust", "--html", "/reports/locust.html",

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from serve_app.local.cluster import PortPlan
+from serve_app.local.ports import DEMO, PortPlan
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack, log
 
@@ -19,11 +19,18 @@ from serve_app.local.stack import LocalStack, log
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve_app.local", description=__doc__)
     parser.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated")
-    parser.add_argument("--port", type=int, default=8000, help="Serve HTTP port on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEMO.http, help="Serve HTTP port on 127.0.0.1")
+    parser.add_argument("--port-base", type=int, default=DEMO.base,
+                        help="first of the 1000 ports the Ray nodes use (serve_app/local/ports.py); keep it "
+                        "below the kernel's ephemeral range")
     parser.add_argument("--deploy-timeout", type=float, default=900,
                         help="seconds to wait for the engines (about 3 min on an idle 2-core machine)")
     parser.add_argument("--exit-when-ready", action="store_true", help="stop again right after READY (smoke test)")
     args = parser.parse_args(argv)
+    try:
+        ports = PortPlan(http=args.port, base=args.port_base)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     stop_requested = threading.Event()
     starting = True
@@ -40,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, on_signal)
 
     install_handlers()
-    stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=PortPlan(http=args.port))
+    stack = LocalStack(apps={"llm": ("/", args.mode)}, ports=ports)
     try:
         stack.start(deploy_timeout_s=args.deploy_timeout)
     except KeyboardInterrupt:

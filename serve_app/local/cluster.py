@@ -1,8 +1,9 @@
 """A local multi-node Ray cluster on loopback: a head plus one node per engine role, labelled with its role.
 
 All nodes run on 127.0.0.2: Ray rewrites 127.0.0.1/localhost to the host's own interface address,
-but leaves other 127/8 addresses alone (shared/notes/ray-role-placement.md §1), so Ray traffic stays
-on loopback. Each node gets its own agent, metrics and worker ports so several raylets share one IP.
+but leaves other 127/8 addresses alone (docs/local-stack.md), so Ray traffic stays
+on loopback. Each node gets its own agent, metrics and worker ports (serve_app/local/ports.py) so several
+raylets share one IP.
 
 Every process of the cluster inherits RLD_CLUSTER_ID and works under /tmp/rld-<id>; `stop()` ends exactly
 those processes (and no other Ray on the machine, which a bare `ray stop` would also kill).
@@ -23,33 +24,12 @@ from typing import Optional
 
 import psutil
 
+from serve_app.local.ports import DEMO, PortPlan, in_ephemeral_range
+
 NODE_IP = "127.0.0.2"
 CLUSTER_ID_ENV = "RLD_CLUSTER_ID"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 METRICS_REPORT_INTERVAL_MS = 2000
-
-
-@dataclass(frozen=True)
-class PortPlan:
-    """Every port the cluster listens on; distinct plans let a demo and a test run side by side."""
-
-    gcs: int = 6391
-    http: int = 8000
-    agent_base: int = 52400  # node i uses agent_base + 10*i ... + 5
-    worker_base: int = 10100  # node i uses [worker_base + 1000*i, + 998]
-
-    def node_ports(self, index: int) -> dict[str, int]:
-        base = self.agent_base + 10 * index
-        return {
-            "dashboard-agent-listen-port": base,
-            "dashboard-agent-grpc-port": base + 1,
-            "metrics-export-port": base + 2,
-            "runtime-env-agent-port": base + 3,
-            "node-manager-port": base + 4,
-            "object-manager-port": base + 5,
-            "min-worker-port": self.worker_base + 1000 * index,
-            "max-worker-port": self.worker_base + 1000 * index + 998,
-        }
 
 
 @dataclass(frozen=True)
@@ -69,7 +49,7 @@ DEFAULT_NODES = (
 @dataclass
 class LocalRayCluster:
     role_label_key: str
-    ports: PortPlan = field(default_factory=PortPlan)
+    ports: PortPlan = DEMO
     nodes: tuple[NodeSpec, ...] = DEFAULT_NODES
     object_store_bytes: int = 256 * 1024**2
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
@@ -118,7 +98,7 @@ class LocalRayCluster:
             cmd += [
                 "--head",
                 f"--port={self.ports.gcs}",
-                f"--ray-client-server-port={self.ports.gcs + 1}",
+                f"--ray-client-server-port={self.ports.ray_client}",
                 "--include-dashboard=false",
             ]
         else:
@@ -157,20 +137,18 @@ class LocalRayCluster:
             print(f"  ray node {node.name:<8} up in {time.monotonic() - started:5.1f} s", file=sys.stderr)
 
     def _check_ports_free(self) -> None:
-        wanted = {self.ports.gcs: "Ray GCS", self.ports.http: "Serve HTTP"}
-        for index, node in enumerate(self.nodes):
-            wanted[self.ports.node_ports(index)["metrics-export-port"]] = f"{node.name} metrics"
-        busy = {
-            c.laddr.port
-            for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port in wanted
-        }
-        if busy:
-            names = ", ".join(f"{port} ({wanted[port]})" for port in sorted(busy))
-            raise RuntimeError(
-                f"ports already in use: {names}. Another demo or test cluster is probably running: stop it "
-                "(Ctrl-C in its terminal), or find the owner with `ss -ltnp`."
+        """Every port of the plan is free now (else PortsBusyError names each one and its holder), and
+        none lies in the kernel's ephemeral range, where any outgoing connection could take it later."""
+        listening = self.ports.listening(len(self.nodes))
+        risky = in_ephemeral_range(set(listening))
+        if risky:
+            print(
+                f"  WARNING: {len(risky)} planned ports ({risky[0]}-{risky[-1]}) lie in this machine's ephemeral "
+                "port range (net.ipv4.ip_local_port_range): an outgoing connection may take one before Ray binds "
+                "it. Reserve them (sysctl net.ipv4.ip_local_reserved_ports) or pick a plan below the range.",
+                file=sys.stderr,
             )
+        self.ports.check_free(len(self.nodes))
 
     def processes(self) -> list[psutil.Process]:
         """Every live process started for this cluster (raylets, GCS, agents, workers, vLLM engines...).

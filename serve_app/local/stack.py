@@ -14,12 +14,13 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY
-from serve_app.local.cluster import LocalRayCluster, PortPlan
+from serve_app.local.cluster import LocalRayCluster
+from serve_app.local.ports import DEMO, PortPlan
 from serve_app.local.serve_config import MODEL_ID, local_app_args, serve_deploy_config
 from serve_app.local.tiny_model import ensure_tiny_model
 
@@ -33,8 +34,7 @@ class LocalStack:
     """The demo/test deployment. `apps` maps app name -> (route prefix, mode)."""
 
     apps: dict[str, tuple[str, str]] = field(default_factory=lambda: {"disagg": ("/", "disaggregated")})
-    ports: PortPlan = field(default_factory=PortPlan)
-    side_channel_ports: Optional[dict[str, int]] = None
+    ports: PortPlan = DEMO
     role_label_key: str = DEFAULT_ROLE_LABEL_KEY
     cluster: LocalRayCluster = field(init=False)
     serve_config: dict[str, Any] = field(init=False, default_factory=dict)
@@ -75,7 +75,7 @@ class LocalStack:
                         str(model_path),
                         mode=mode,
                         role_label_key=self.role_label_key,
-                        side_channel_ports=self.side_channel_ports,
+                        side_channel_ports={r: self.ports.side_channel_base(r) for r in ("prefill", "decode")},
                     ),
                 }
                 for name, (prefix, mode) in self.apps.items()

@@ -1,7 +1,7 @@
 """A 3.4 M-parameter random Llama with a locally trained byte-level BPE tokenizer and a chat template.
 
 No hub access is needed (or allowed): weights are random, so outputs are gibberish, but greedy decoding
-is deterministic, which is all the tests need. Recipe: shared/notes/vllm-cpu-and-ray-pd.md §2.
+is deterministic, which is all the tests need. Why it looks the way it does: docs/local-stack.md.
 Built once into ${RLD_CACHE}/models/tiny-llama-<recipe version>/ and reused; concurrent builders
 serialise on a lock file and the folder appears atomically (built aside, then renamed).
 
@@ -127,5 +127,20 @@ def ensure_tiny_model() -> Path:
     return target
 
 
+def main() -> None:
+    """Print the model path and nothing else on stdout: callers capture it. Whatever the build prints,
+    from Python or from native code (tokenizers, torch), goes to stderr at the file-descriptor level."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        path = ensure_tiny_model()
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    print(path, flush=True)
+
+
 if __name__ == "__main__":
-    print(ensure_tiny_model())
+    main()

@@ -21,12 +21,10 @@ from typing import Iterator
 import pytest
 from lt_helpers import Server
 
-# Distinct from the demo's, the bench's and other suites' ports.
-TEST_HTTP_PORT = 8481
-TEST_VLLM_PORT = 8482
-TEST_GCS_PORT = 6481
-TEST_AGENT_BASE = 52800
-TEST_WORKER_BASE = 40100
+from serve_app.local.ports import TESTS_LOADTESTS
+
+# The suite's own port plan (serve_app/local/ports.py): disjoint from the demo's, the bench's and the other suites'.
+TEST_VLLM_PORT = TESTS_LOADTESTS.aux(0)
 
 
 def _ready(url: str) -> bool:
@@ -38,14 +36,9 @@ def _ready(url: str) -> bool:
 
 
 def _start_app() -> tuple[Server, object]:
-    from serve_app.local.cluster import PortPlan
     from serve_app.local.stack import LocalStack
 
-    stack = LocalStack(
-        apps={"llm": ("/", "aggregated")},
-        ports=PortPlan(gcs=TEST_GCS_PORT, http=TEST_HTTP_PORT, agent_base=TEST_AGENT_BASE,
-                       worker_base=TEST_WORKER_BASE),
-    )
+    stack = LocalStack(apps={"llm": ("/", "aggregated")}, ports=TESTS_LOADTESTS)
     stack.start()
     return Server(stack.base_url("llm"), "app-aggregated"), stack
 

@@ -131,6 +131,23 @@ def _rendered(*args: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+def test_k8s_mounted_files_run_as_they_do_in_a_checkout(tmp_path: Path) -> None:
+    """The ConfigMap's files, laid out as the pod mounts them, load in Locust with nothing else on the
+    path (one package name, `loadtests.openai_load`, in the pod and here)."""
+    cm, job = _rendered("--release", "llm")
+    mount = tmp_path / "mnt"
+    for item in job["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"]:
+        (mount / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (mount / item["path"]).write_text(cm["data"][item["key"]])
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    locustfile = args[args.index("-f") + 1].replace(render.MOUNT, str(mount))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-m", "locust", "-f", locustfile, "--list"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "OpenAIUser" in run.stdout
+
+
 def test_k8s_manifest_carries_the_locustfile_and_targets_the_serve_service() -> None:
     cm, job = _rendered("--release", "llm", "--namespace", "serving", "--users", "16", "--run-time", "10m",
                         "--slo-ttft-p95-ms", "2000", "--slo-error-rate", "0.01", "--api-key-secret", "llm-key",
@@ -139,9 +156,10 @@ def test_k8s_manifest_carries_the_locustfile_and_targets_the_serve_service() -> 
     # every source file, byte for byte, mounted at its relative path
     items = job["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"]
     paths = {i["path"] for i in items}
-    assert paths == {"locustfile.py", *(f"openai_load/{p.name}" for p in (REPO / "loadtests/openai_load").glob("*.py"))}
+    assert paths == {"loadtests/__init__.py", "loadtests/locustfile.py",
+                     *(f"loadtests/openai_load/{p.name}" for p in (REPO / "loadtests/openai_load").glob("*.py"))}
     for i in items:
-        assert cm["data"][i["key"]] == (REPO / "loadtests" / i["path"]).read_text()
+        assert cm["data"][i["key"]] == (REPO / i["path"]).read_text()
     c = job["spec"]["template"]["spec"]["containers"][0]
     args = c["args"]
     assert args[args.index("-H") + 1] == "http://llm-serve-svc:8000"

@@ -1,8 +1,9 @@
-"""One real local stack per test session: loopback Ray (head + prefill + decode nodes), vLLM CPU engines,
-the tiny model, deployed by the demo's own launcher (serve_app.local.stack) with two apps:
+"""One real local stack for this package's tests, stopped before the next suite starts its own (two
+stacks at once do not fit a 24 GB machine): loopback Ray (head + prefill + decode nodes), vLLM CPU
+engines, the tiny model, deployed by the demo's own launcher (serve_app.local.stack) with two apps:
   disagg at /     : prefill + decode, NIXL KV transfer, selective disaggregation
   agg    at /agg  : one engine serving whole requests (the A/B baseline)
-Ports differ from the demo's, so the suite can run while a demo is up (memory permitting).
+Its port plan (serve_app/local/ports.py) is its own, so the suite can run while a demo is up (memory permitting).
 """
 
 from __future__ import annotations
@@ -13,19 +14,15 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from serve_app.local.cluster import PortPlan
+from serve_app.local.ports import TESTS_SERVE_APP
 from serve_app.local.stack import LocalStack
 
-TEST_PORTS = PortPlan(gcs=6491, http=18100, agent_base=52500, worker_base=14100)
-SIDE_CHANNEL_PORTS = {"prefill": 20100, "decode": 22100}
 
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack() -> Iterator[LocalStack]:
     local = LocalStack(
         apps={"disagg": ("/", "disaggregated"), "agg": ("/agg", "aggregated")},
-        ports=TEST_PORTS,
-        side_channel_ports=SIDE_CHANNEL_PORTS,
+        ports=TESTS_SERVE_APP,
     )
     local.start(deploy_timeout_s=900)
     try:
@@ -36,17 +33,17 @@ def stack() -> Iterator[LocalStack]:
         assert not leftovers, f"processes left after stopping the test cluster: {[p.pid for p in leftovers]}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def disagg(stack: LocalStack) -> OpenAI:
     return OpenAI(base_url=stack.base_url("disagg"), api_key="unused", timeout=180, max_retries=0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def agg(stack: LocalStack) -> OpenAI:
     return OpenAI(base_url=stack.base_url("agg"), api_key="unused", timeout=180, max_retries=0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def http(stack: LocalStack) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=f"http://127.0.0.1:{stack.ports.http}", timeout=180) as client:
         yield client

@@ -78,8 +78,13 @@ def test_cpu_local_args_map_to_cpu_bundles_and_loopback_env() -> None:
         assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" and env["UCX_NET_DEVICES"] == "lo"
         assert config.engine_kwargs["kv_transfer_config"]["kv_buffer_device"] == "cpu"
         assert config.engine_kwargs["enforce_eager"] is True
-    assert configs["prefill"].runtime_env["env_vars"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "20100"
-    assert configs["decode"].runtime_env["env_vars"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "22100"
+    # NixlConnector: the role's port is a base Ray offsets per replica, never one fixed env port.
+    for role, base in (("prefill", 20100), ("decode", 22100)):
+        assert configs[role].experimental_configs["NIXL_SIDE_CHANNEL_PORT_BASE"] == base
+        assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in configs[role].runtime_env["env_vars"]
+    # Ray's P/D validation keeps our decode base instead of its default 22000.
+    pd = PDServingArgs.model_validate({"prefill_config": configs["prefill"], "decode_config": configs["decode"]})
+    assert pd.decode_config.experimental_configs["NIXL_SIDE_CHANNEL_PORT_BASE"] == 22100
 
 
 def test_aggregated_mode_has_one_engine_without_kv_connector() -> None:

@@ -6,7 +6,7 @@ before its first drain, so a streamed response's first token leaves the replica 
 50 ms after the request reached it. Here the first drain happens as soon as anything is queued
 (plus 1 ms for chunks produced in the same engine step, e.g. chat's role chunk and first token);
 later drains keep the interval, so per-chunk Serve overhead stays amortized. This is what
-.notes-for-serve-app.md proposes as a `_batch_output_stream` override in serve_app/servers.py.
+issue #9 proposes as a `_batch_output_stream` override in serve_app/servers.py.
 """
 
 import asyncio

@@ -1,0 +1,203 @@
+"""One clock per request, from the ingress to the first byte out, and the stream batching that decides
+when the first token may leave the engine replica.
+
+Why: a serving layer slower than the engine it wraps is the first thing a user measures, and "Serve is
+slow" is not actionable. Every streamed request carries a `HopClock`: wall-clock stamps taken where the
+request crosses a boundary. The serving replica (decode, or the aggregated engine) stamps its part and
+sends it back riding on the first output batch; the ingress adds its own, records one histogram sample
+per segment (`ray_rld_hop_seconds{hop=...}`, buckets fine enough for 1-5 ms) and logs one trace line
+(`RLD_TRACE {...}`) that benchmarks collect by request id. So there is one definition of "overhead":
+the time to the first byte out minus the engine's own time to its first chunk.
+
+Stamps (seconds since the epoch; cross-process segments assume the hosts' clocks agree, which NTP/chrony
+keeps within a millisecond or so on EKS; on one machine they are exact):
+
+    ingress_received     the ingress replica's ASGI app got the request (after the Serve proxy)
+    ingress_dispatched   body parsed and validated, handle call made to the serving deployment
+    replica_received     the serving replica's chat()/completions() started
+    prefill_sent         (remote path) the prefill request left for the prefill deployment
+    prefill_returned     (remote path) the prefill response, with kv_transfer_params, arrived
+    engine_called        the local vLLM engine's generator was first asked for output
+    engine_first_chunk   vLLM yielded its first streamed chunk (render + schedule + prefill/KV pull + step)
+    replica_first_out    the first batch left the replica (after `StreamBatcher`)
+    ingress_first_in     the first batch reached the ingress
+    ingress_first_out    the ingress handed the first bytes to the HTTP response
+
+Batching (`StreamBatcher`): Ray Serve LLM's `Batcher` drains its queue on a fixed tick
+(`stream_batching_interval_ms`, default 50 ms) that starts with the stream, so the first token waits for
+the next tick: up to a whole interval on top of the engine's time to first token (ray-project/ray#59681).
+Sending every chunk as its own Serve message is worse: each crosses replica -> ingress -> proxy in
+Python. `StreamBatcher` keeps the interval as a rate limit instead of a clock: a chunk that arrives
+after a quiet interval leaves at once (so the first one always does); chunks arriving sooner wait until
+one interval after the previous send and leave together. At most one message per interval, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, AsyncIterator, Iterable, Optional, TypeVar
+
+from ray.llm._internal.serve.utils.batcher import Batcher
+
+T = TypeVar("T")
+
+STAMPS = (
+    "ingress_received",
+    "ingress_dispatched",
+    "replica_received",
+    "prefill_sent",
+    "prefill_returned",
+    "engine_called",
+    "engine_first_chunk",
+    "replica_first_out",
+    "ingress_first_in",
+    "ingress_first_out",
+)
+# Segment name -> (from stamp, to stamp). Consecutive on each path, so on the remote path they add up to
+# ingress_received -> ingress_first_out; `engine` overlaps the decode-side ones and is reported beside them.
+SEGMENTS = {
+    "ingress_parse": ("ingress_received", "ingress_dispatched"),
+    "ingress_to_replica": ("ingress_dispatched", "replica_received"),
+    "replica_to_prefill": ("replica_received", "prefill_sent"),
+    "prefill": ("prefill_sent", "prefill_returned"),
+    "replica_to_engine": ("replica_received", "engine_called"),  # local path
+    "handoff_to_engine": ("prefill_returned", "engine_called"),  # remote path
+    "engine": ("engine_called", "engine_first_chunk"),
+    "batch_wait": ("engine_first_chunk", "replica_first_out"),
+    "replica_to_ingress": ("replica_first_out", "ingress_first_in"),
+    "ingress_out": ("ingress_first_in", "ingress_first_out"),
+    "ingress_total": ("ingress_received", "ingress_first_out"),
+}
+# Segments that partition ingress_total on each path (the per-hop record "accounts for" TTFT with these).
+PATH_SEGMENTS = {
+    "local": ("ingress_parse", "ingress_to_replica", "replica_to_engine", "engine", "batch_wait",
+              "replica_to_ingress", "ingress_out"),
+    "remote": ("ingress_parse", "ingress_to_replica", "replica_to_prefill", "prefill", "handoff_to_engine",
+               "engine", "batch_wait", "replica_to_ingress", "ingress_out"),
+}
+INGRESS_RECEIVED_HEADER = "x-rld-ingress-received"
+TRACE_LOG_PREFIX = "RLD_TRACE "
+
+
+@dataclass
+class HopClock:
+    """Wall-clock stamps of one request (see the module doc for what each means)."""
+
+    stamps: dict[str, float] = field(default_factory=dict)
+    path: Optional[str] = None  # "local" | "remote" (set by the serving replica)
+    mode: Optional[str] = None
+    prompt_tokens: Optional[int] = None
+
+    def stamp(self, name: str, at: Optional[float] = None) -> None:
+        if name not in self.stamps:  # the first time counts (e.g. the first chunk)
+            self.stamps[name] = time.time() if at is None else at
+
+    def segments(self) -> dict[str, float]:
+        """Seconds per segment, for the segments whose two stamps exist."""
+        s = self.stamps
+        return {name: s[b] - s[a] for name, (a, b) in SEGMENTS.items() if a in s and b in s}
+
+    def trace(self, request_id: str) -> dict[str, Any]:
+        t0 = self.stamps.get("ingress_received", min(self.stamps.values(), default=0.0))
+        return {
+            "request_id": request_id,
+            "path": self.path,
+            "mode": self.mode,
+            "prompt_tokens": self.prompt_tokens,
+            "t_ms": {k: round((v - t0) * 1000, 3) for k, v in sorted(self.stamps.items(), key=lambda kv: kv[1])},
+            "segments_ms": {k: round(v * 1000, 3) for k, v in self.segments().items()},
+        }
+
+
+@dataclass
+class ReplicaStamps:
+    """What the serving replica sends back to the ingress, appended to its first output batch."""
+
+    stamps: dict[str, float]
+    path: str
+    mode: str
+    prompt_tokens: Optional[int] = None
+
+
+def trace_line(clock: HopClock, request_id: str) -> str:
+    return TRACE_LOG_PREFIX + json.dumps(clock.trace(request_id), separators=(",", ":"))
+
+
+def parse_trace_line(line: str) -> Optional[dict[str, Any]]:
+    """The trace dict of a log line holding one (benchmarks read replica logs with this)."""
+    at = line.find(TRACE_LOG_PREFIX)
+    if at < 0:
+        return None
+    try:
+        return json.loads(line[at + len(TRACE_LOG_PREFIX):])
+    except json.JSONDecodeError:
+        return None
+
+
+# The serving replica's clock for the request being processed. Set around the code that builds the
+# engine stream (it runs in the caller's context), read by `_batch_output_stream`.
+CURRENT: contextvars.ContextVar[Optional[HopClock]] = contextvars.ContextVar("rld_hop_clock", default=None)
+
+
+async def stamp_first(chunks: AsyncIterator[T], clock: Optional[HopClock], *, called: str,
+                      first: str) -> AsyncGenerator[T, None]:
+    """Pass `chunks` through, stamping `called` when first asked for output and `first` at the first item."""
+    if clock is not None:
+        clock.stamp(called)
+    async for chunk in chunks:
+        if clock is not None:
+            clock.stamp(first)
+        yield chunk
+
+
+class StreamBatcher(Batcher):
+    """Ray's Batcher with the interval as a rate limit: a chunk after a quiet interval leaves at once.
+
+    `interval_ms` 0 (a message per chunk) and None (one batch at the end) keep Ray's behaviour.
+    """
+
+    def __init__(self, generator: AsyncGenerator[T, None], interval_ms: Optional[float]):
+        self._arrived = asyncio.Event()
+        super().__init__(generator, interval_ms=interval_ms)
+
+    async def read(self) -> None:
+        try:
+            async for item in self.generator:
+                self.queue.put_nowait(item)
+                self._arrived.set()
+        finally:
+            self.done_event.set()
+            self._arrived.set()
+
+    async def stream(self) -> AsyncGenerator[Iterable[T], None]:
+        if not self.interval_s:
+            async for batch in super().stream():
+                yield batch
+            return
+        loop = asyncio.get_running_loop()
+        last_sent = float("-inf")
+        try:
+            while True:
+                await self._arrived.wait()
+                self._arrived.clear()
+                hold = last_sent + self.interval_s - loop.time()
+                if hold > 0 and not self.done_event.is_set():
+                    # Sent less than an interval ago: gather what comes until then, or until the end.
+                    try:
+                        await asyncio.wait_for(self.done_event.wait(), timeout=hold)
+                    except asyncio.TimeoutError:
+                        pass
+                results, is_done = self.check_done_and_drain()
+                if results:
+                    yield self._merge_results(results)
+                    last_sent = loop.time()
+                if is_done:
+                    self.read_task.result()  # re-raise the engine's exception, if any
+                    return
+        finally:
+            if not self.read_task.done():
+                self.read_task.cancel()
