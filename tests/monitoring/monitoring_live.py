@@ -20,12 +20,11 @@ from typing import Callable, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_app.local.cluster import PortPlan
+from serve_app.local.ports import TESTS_OBSERVABILITY
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack
 
-PORTS = PortPlan(gcs=6691, http=18400, agent_base=24700, worker_base=27100)
-SIDE_CHANNEL_PORTS = {"prefill": 20400, "decode": 22400}
+PORTS = TESTS_OBSERVABILITY  # serve_app/local/ports.py: this suite's own plan
 APP = "disagg"
 # What the chart's PodMonitor gives every series of a pod (release llm in namespace llm): KubeRay's
 # `ray.io/group` of the head is `headgroup`, of a worker its group name.
@@ -58,7 +57,7 @@ class Scrape:
 
 
 def start_stack() -> LocalStack:
-    stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=PORTS, side_channel_ports=SIDE_CHANNEL_PORTS)
+    stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=PORTS)
     stack.start(deploy_timeout_s=900)
     return stack
 
@@ -157,7 +156,8 @@ def provoke_nixl_failures(stack: LocalStack) -> None:
         chunks = [c async for c in handle.completions.remote(first, None)]
         params = chunks[0].kv_transfer_params
         assert params and params.get("remote_block_ids"), f"prefill returned no kv_transfer_params: {chunks[0]}"
-        unreachable = dict(params, remote_port=29997, remote_engine_id=f"gone-{uuid.uuid4().hex[:8]}")
+        # a port of this suite's own plan that nothing listens on (aux ports serve no one here)
+        unreachable = dict(params, remote_port=PORTS.aux(9), remote_engine_id=f"gone-{uuid.uuid4().hex[:8]}")
         second = CompletionRequest(model=MODEL_ID, prompt=text, max_tokens=2, stream=False, kv_transfer_params=unreachable)
         try:
             [c async for c in handle.completions.remote(second, None)]
