@@ -19,7 +19,7 @@ import yaml
 
 from serve_app.metrics import LATENCY_BOUNDARIES_S
 
-from .conftest import CHART, REPO, kubeconform_many, key_named, render, render_error, tool
+from .conftest import CHART, KUBE_VERSION, REPO, kubeconform_many, key_named, render, render_error, tool
 from .monitoring_queries import ALL_ON, dashboard_queries, parse_promql, rendered_dashboard
 
 PROMTOOL_TESTS = Path(__file__).parent / "promtool" / "alerts_test.yaml"
@@ -153,6 +153,16 @@ def test_monitoring_objects_validate_against_the_prometheus_operator_crds() -> N
         assert kinds == ["ConfigMap", "PodMonitor", "PrometheusRule"], (name, resources)
         bad = [res for res in resources if res["status"] != "statusValid"]
         assert not bad, f"{name}: {bad}"
+
+
+def test_helm_lint_strict_with_monitoring_on(tmp_path: Path) -> None:
+    (tmp_path / "on.yaml").write_text(yaml.safe_dump(ALL_ON))
+    proc = run([tool("helm"), "lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), "-f", str(tmp_path / "on.yaml")])
+    assert proc.returncode == 0 and "0 chart(s) failed" in proc.stdout, proc.stdout + proc.stderr
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+    bad = run([tool("helm"), "lint", "--strict", str(CHART), "-f", str(tmp_path / "on.yaml"),
+               "--set", "monitoring.slo.ttft.thresholdSeconds=3"])
+    assert bad.returncode != 0 and "/monitoring/slo/ttft/thresholdSeconds" in bad.stdout + bad.stderr
 
 
 def test_kubeconform_rejects_a_podmonitor_the_crd_refuses() -> None:
