@@ -70,9 +70,9 @@ def scrape_node(stack: LocalStack, node: str) -> list[Sample]:
     out = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = dict(s.labels)
-            clash = set(labels) & set(target)
-            assert not clash, f"{s.name} carries target label(s) {clash}: Prometheus would rename them exported_*"
+            # Prometheus' honor_labels: false (the PodMonitor's default): a label the target also sets is
+            # kept as exported_<label> (Ray Serve's long-poll histograms carry their own `namespace`).
+            labels = {(f"exported_{k}" if k in target else k): v for k, v in s.labels.items()}
             labels.update(target)
             out.append(Sample(s.name, tuple(sorted(labels.items())), s.value))
     return out
