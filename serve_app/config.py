@@ -93,6 +93,12 @@ class RoleSpec(StrictModel):
                 raise ValueError(
                     f"engine_args.{key} is set by the app; set {RESERVED_ENGINE_ARGS[key]} instead"
                 )
+        dp = self.engine_args.get("data_parallel_size", 1)
+        if not isinstance(dp, int) or dp > 1:
+            raise ValueError(
+                f"engine_args.data_parallel_size ({dp}): serve_app does not run vLLM data parallelism; "
+                "scale with replicas instead"
+            )
         return self
 
     @property
@@ -148,6 +154,25 @@ class TimeoutSpec(StrictModel):
     )
 
 
+class AuthSpec(StrictModel):
+    """API keys clients must send as `Authorization: Bearer <key>`. Auth is on when either source is set.
+
+    Keys never appear in the config itself: they come from a file (a mounted Kubernetes Secret, one key
+    per line) and/or an env var. (Field set of the shared contract; enforced by serve_app's auth layer.)
+    """
+
+    api_keys_file: Optional[str] = Field(
+        default=None, description="File with one API key per line (blank lines and # comments ignored)."
+    )
+    api_keys_env: Optional[str] = Field(
+        default=None, description="Name of an env var holding API keys, separated by commas or newlines."
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys_file or self.api_keys_env)
+
+
 class AppConfig(StrictModel):
     """The whole serve app: one model, served aggregated or disaggregated."""
 
@@ -173,6 +198,7 @@ class AppConfig(StrictModel):
         description="Selective disaggregation: prompts shorter than this many tokens are "
         "prefilled locally by decode (no KV transfer). 0 sends every prompt to prefill.",
     )
+    auth: AuthSpec = Field(default_factory=AuthSpec)
 
     @model_validator(mode="after")
     def _check_accelerator(self) -> "AppConfig":

@@ -39,7 +39,10 @@ def test_app_version_and_annotations_match_versions_env():
     assert ann["ray-llm-disagg.io/kuberay-version"] == env["KUBERAY_VERSION"]
     assert CHART_YAML["appVersion"] == f"ray{env['RAY_VERSION']}-vllm{env['VLLM_VERSION']}"
     supported = ann["ray-llm-disagg.io/kuberay-supported"]
-    assert supported == ">=1.5.0", "worker-group labels need KubeRay >= 1.5"
+    # worker-group labels need KubeRay >= 1.5; Ray token auth (rayAuth.mode: token, the default) needs
+    # authOptions, added in 1.5.1: an older CRD would drop it silently
+    assert supported == ">=1.5.1"
+    assert supported.lstrip(">=") == env["KUBERAY_VERSION"].lstrip("v")
 
 
 def test_rendered_versions_derive_from_chart_yaml():
@@ -100,7 +103,7 @@ def test_values_doc_renders_a_table():
     assert lines[0] == "| Key | Type | Default | Description |"
     keys = {line.split("|")[1].strip().strip("`") for line in lines[2:]}
     for k in ("mode", "model.source", "model.hfTokenSecret.name", "prefill.tensorParallelSize", "decode.gpusPerHost",
-              "efa.devicesPerHost", "kvTransfer.connector", "capabilitiesCheck", "placement.roleLabelKey"):
+              "prefill.efaDevicesPerHost", "kvTransfer.connector", "capabilitiesCheck", "placement.roleLabelKey"):
         assert k in keys, k
     row = next(line for line in lines if line.startswith("| `kvTransfer.connector`"))
     assert "`NixlConnector` \\| `NixlPushConnector`" in row  # type from the schema enum

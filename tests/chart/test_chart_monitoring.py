@@ -253,9 +253,9 @@ def test_every_alert_has_a_runbook_entry_and_says_what_happened() -> None:
         "RLDMetricsTargetDown", "RLDKVTransferFailures", "RLDKVBlocksExpired", "RLDKVTransferSlow",
         "RLDTTFTBudgetBurn", "RLDITLBudgetBurn", "RLDPrefillQueueSaturated", "RLDDecodeKVCacheNearFull",
         "RLDPrefillDecodeImbalance", "RLDDecodeOnlyFallback", "RLDRemotePrefillWithoutKV", "RLDOverflowActive"}
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    disabled_enum = schema["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]["disabled"]["items"]["enum"]
-    assert set(disabled_enum) == alert_names(spec), "values.schema.json's list of alert names is stale"
+    source = yaml.safe_load((CHART / "schema" / "chart.yaml").read_text())
+    disabled_enum = source["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]["disabled"]["items"]["enum"]
+    assert set(disabled_enum) == alert_names(spec), "schema/chart.yaml's list of alert names is stale"
 
 
 def test_runbook_base_url_and_disabled_alerts() -> None:
@@ -305,8 +305,8 @@ def test_slo_thresholds_must_be_bucket_bounds() -> None:
     assert key_named(err, "monitoring.slo.ttft.thresholdSeconds"), err
     err = render_error(values=[ALL_ON, monitoring({"slo": {"itl": {"objective": 1, "thresholdSeconds": 0.2}}})])
     assert key_named(err, "monitoring.slo.itl.objective"), err
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    slo = schema["properties"]["monitoring"]["properties"]["slo"]["properties"]
+    source = yaml.safe_load((CHART / "schema" / "chart.yaml").read_text())  # values.schema.json is generated from it
+    slo = source["properties"]["monitoring"]["properties"]["slo"]["properties"]
     assert slo["ttft"]["properties"]["thresholdSeconds"]["enum"] == LATENCY_BOUNDARIES_S, (
         "the TTFT threshold enum must list serve_app.metrics.LATENCY_BOUNDARIES_S (the histogram's buckets)")
 

@@ -10,7 +10,7 @@
 
 {{/* Namespace of a monitoring object ({root, namespace}): its own, else the release's. */}}
 {{- define "ray-llm-disagg.monitoring.namespace" -}}
-{{- default .root.Release.Namespace .namespace -}}
+{{- default (include "ray-llm-disagg.namespace" .root) .namespace -}}
 {{- end -}}
 
 {{/*
@@ -22,7 +22,7 @@ matched with monitoring.prometheusRule.selector.
 {{- with .Values.monitoring.prometheusRule.selector -}}
 {{- . -}}
 {{- else -}}
-{{- printf "namespace=%q,app_kubernetes_io_instance=%q" .Release.Namespace .Release.Name -}}
+{{- printf "namespace=%q,app_kubernetes_io_instance=%q" (include "ray-llm-disagg.namespace" .) .Release.Name -}}
 {{- end -}}
 {{- end -}}
 
