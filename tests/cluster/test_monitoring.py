@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from .conftest import tool
-from .kube import CHART, ROOT, env_with_kubeconfig, expected_pod_counts
+from .kube import CHART, ROOT, env_with_kubeconfig, expected_pod_counts, wait_until
 
 MONITORING = "monitoring.coreos.com"
 CRDS = ("podmonitors", "prometheusrules")
@@ -44,9 +44,14 @@ def monitoring_crds(cluster):
             break
     assert applied.returncode == 0, applied.stderr
     names = [f"crd/{name}.{MONITORING}" for name in CRDS]
-    waited = subprocess.run([kubectl, "wait", "--for", "condition=Established", "--timeout", "120s", *names],
-                            capture_output=True, text=True, env=env, timeout=180)
-    assert waited.returncode == 0, waited.stderr
+
+    def established() -> bool:
+        # (`kubectl wait` errors out instead of waiting while a new CRD has no status.conditions yet)
+        got = subprocess.run([kubectl, "get", *names, "-o", 'jsonpath={.items[*].status.conditions[?(@.type=="Established")].status}'],
+                             capture_output=True, text=True, env=env, timeout=60)
+        return got.returncode == 0 and got.stdout.split() == ["True"] * len(names)
+
+    wait_until(established, 180, f"the CRDs {names} to be Established")
     yield
     subprocess.run([kubectl, "delete", "--wait=false", *names], capture_output=True, env=env, timeout=120)
 
