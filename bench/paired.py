@@ -26,14 +26,18 @@ from loadtests.openai_load.profiles import get_profile
 INSTRUCTION = get_profile("chat").instruction  # the bench drives the `chat` workload
 
 
-def stream_once(base_url: str, body: dict[str, Any], timeout_s: float = 120.0) -> StreamResult:
+def stream_once(base_url: str, body: dict[str, Any], timeout_s: float = 120.0,
+                request_id: str | None = None, headers: dict[str, str] | None = None) -> StreamResult:
+    """One streamed request; `request_id` goes out as `x-request-id` (the app's trace lines carry it)."""
     u = urlsplit(base_url)
     path = "/chat/completions" if "messages" in body else "/completions"
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+    sent = {"Content-Type": "application/json", "Accept-Encoding": "identity", **(headers or {})}
+    if request_id:
+        sent["x-request-id"] = request_id
     try:
         t0 = time.perf_counter()
-        conn.request("POST", u.path.rstrip("/") + path, body=json.dumps(body),
-                     headers={"Content-Type": "application/json", "Accept-Encoding": "identity"})
+        conn.request("POST", u.path.rstrip("/") + path, body=json.dumps(body), headers=sent)
         resp = conn.getresponse()
         if resp.status != 200:
             r = StreamResult(e2e_s=time.perf_counter() - t0)
@@ -53,6 +57,8 @@ class PairedResult:
     e2e_ms: dict[str, dict[str, float]]
     ttft_diff_ms: dict[str, float]  # per pair: second mode - first mode
     errors: dict[str, int]
+    # per mode, per request in send order: (x-request-id, client TTFT in ms or None on error)
+    requests: dict[str, list[tuple[str, float | None]]] | None = None
 
     @property
     def ttft_p50_ratio(self) -> float:
@@ -66,36 +72,56 @@ class PairedResult:
                 f"{self.ttft_p50_ratio:.2f}x; median extra {self.ttft_diff_ms['p50']:.1f} ms per request")
 
 
-def paired_ttft(urls: dict[str, str], calibration: Calibration, model: str, w: Workload, pairs: int,
-                time_limit_s: float = 180.0, seed: int = 7) -> PairedResult:
-    """`urls` has two entries {mode: base_url}; the first is the baseline. Bounded by `pairs`
-    rounds and `time_limit_s`."""
-    (a, ua), (b, ub) = list(urls.items())
+Rounds = dict[str, list[tuple[str, StreamResult]]]  # per server: (request id, result), in round order
+
+
+def ttft_rounds(urls: dict[str, str], calibration: Calibration, model: str, w: Workload, rounds: int,
+                time_limit_s: float = 180.0, seed: int = 7, tag: str = "paired",
+                headers: dict[str, str] | None = None) -> Rounds:
+    """Each round sends one identical prompt to every server in `urls`, one request at a time, the
+    order rotated from round to round so no server always goes first. Bounded by `rounds` and
+    `time_limit_s`. Request ids are `<tag>-<server>-<round>`."""
     factory = PromptFactory(calibration, w.api, INSTRUCTION)  # type: ignore[arg-type]
-    results: dict[str, list[StreamResult]] = {a: [], b: []}
+    servers = list(urls.items())
+    results: Rounds = {name: [] for name in urls}
     deadline = time.monotonic() + time_limit_s
-    done = 0
-    for i in range(pairs):
+    for i in range(rounds):
         if time.monotonic() > deadline:
             break
         body = {"model": model, **factory.make(w.input_tokens, random.Random(seed * 100003 + i)),
                 "max_tokens": w.output_tokens, "stream": True, "stream_options": {"include_usage": True},
                 "ignore_eos": True}
-        order = [(a, ua), (b, ub)] if i % 2 == 0 else [(b, ub), (a, ua)]
-        for mode, url in order:
-            results[mode].append(stream_once(url, body))
-        done += 1
+        shift = i % len(servers)
+        for name, url in servers[shift:] + servers[:shift]:
+            request_id = f"{tag}-{name}-{i}"
+            results[name].append((request_id, stream_once(url, body, request_id=request_id, headers=headers)))
+    return results
+
+
+def pair_of(results: Rounds, a: str, b: str) -> PairedResult:
+    """The paired comparison of servers `a` (baseline) and `b` from the same rounds."""
 
     def ok(mode: str) -> list[StreamResult]:
-        return [r for r in results[mode] if r.problem() is None]
+        return [r for _, r in results[mode] if r.problem() is None]
 
     diffs = [rb.ttft_s * 1000 - ra.ttft_s * 1000  # type: ignore[operator]
-             for ra, rb in zip(results[a], results[b]) if ra.problem() is None and rb.problem() is None]
+             for (_, ra), (_, rb) in zip(results[a], results[b]) if ra.problem() is None and rb.problem() is None]
     return PairedResult(
-        modes=(a, b), pairs=done,
+        modes=(a, b), pairs=min(len(results[a]), len(results[b])),
         ttft_ms={m: describe([r.ttft_s * 1000 for r in ok(m) if r.ttft_s is not None]) for m in (a, b)},
         itl_ms={m: describe([r.itl_s * 1000 for r in ok(m) if r.itl_s is not None]) for m in (a, b)},
         e2e_ms={m: describe([r.e2e_s * 1000 for r in ok(m)]) for m in (a, b)},
         ttft_diff_ms=describe(diffs),
         errors={m: len(results[m]) - len(ok(m)) for m in (a, b)},
+        requests={m: [(rid, r.ttft_s * 1000 if r.problem() is None and r.ttft_s is not None else None)
+                      for rid, r in results[m]] for m in (a, b)},
     )
+
+
+def paired_ttft(urls: dict[str, str], calibration: Calibration, model: str, w: Workload, pairs: int,
+                time_limit_s: float = 180.0, seed: int = 7, tag: str = "paired",
+                headers: dict[str, str] | None = None) -> PairedResult:
+    """`urls` has two entries {mode: base_url}; the first is the baseline. Bounded by `pairs`
+    rounds and `time_limit_s`. Request ids are `<tag>-<mode>-<round>`."""
+    (a, _), (b, _) = list(urls.items())
+    return pair_of(ttft_rounds(urls, calibration, model, w, pairs, time_limit_s, seed, tag, headers), a, b)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Any, Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("vllm", "aggregated", "disaggregated")
@@ -137,19 +138,32 @@ def _serve_config_module():  # type: ignore[no-untyped-def]
     return serve_config
 
 
-def vllm_server(port: int, model_path: str, log_path: Path) -> ServerProcess:
-    """vLLM's OpenAI server with the same engine settings as the app's decode engine."""
+def vllm_server(port: int, model_path: str, log_path: Path, *, served_name: Optional[str] = None,
+                engine_args: Optional[dict[str, Any]] = None, env: Optional[dict[str, str]] = None) -> ServerProcess:
+    """vLLM's OpenAI server. Defaults: the same engine settings and environment as the local app's
+    decode engine (tiny model on CPU), so it differs from `aggregated` only by the Serve request path.
+    The GPU bench passes the engine arguments and environment its app engines get."""
     sc = _serve_config_module()
-    ea = sc.CPU_ENGINE_ARGS
+    if engine_args is None:
+        engine_args = dict(sc.CPU_ENGINE_ARGS)
+        env = {**sc.CPU_LOOPBACK_ENV, "VLLM_CPU_OMP_THREADS_BIND": sc.CORE_OF_ROLE["decode"], **(env or {})}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-           "--served-model-name", sc.MODEL_ID, "--host", HOST, "--port", str(port),
-           "--max-model-len", str(ea["max_model_len"]), "--dtype", str(ea["dtype"])]
-    if ea.get("enforce_eager"):
-        cmd.append("--enforce-eager")
-    env = dict(os.environ)
-    env.update({k: v for k, v in sc.CPU_LOOPBACK_ENV.items()})
-    env.update({"VLLM_CPU_OMP_THREADS_BIND": sc.CORE_OF_ROLE["decode"], "TRANSFORMERS_OFFLINE": "1"})
-    return ServerProcess("vllm", cmd, env, log_path, f"http://{HOST}:{port}/v1")
+           "--served-model-name", served_name or sc.MODEL_ID, "--host", HOST, "--port", str(port)]
+    cmd += engine_cli_args(engine_args)
+    full_env = {**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    return ServerProcess("vllm", cmd, full_env, log_path, f"http://{HOST}:{port}/v1")
+
+
+def engine_cli_args(engine_args: dict[str, Any]) -> list[str]:
+    """vLLM engine keyword arguments as `vllm serve` flags (True -> bare flag, False -> omitted)."""
+    args: list[str] = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not False and value is not None:
+            args += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return args
 
 
 def app_server(mode: str, port: int, log_path: Path, extra_env: Optional[dict[str, str]] = None) -> ServerProcess:

@@ -115,37 +115,23 @@ def app_schema(model) -> dict:
 # merging and the x- extensions
 # ------------------------------------------------------------------------------------------------
 
-def merge(base: Any, over: Any) -> Any:
-    """Deep merge, `over` wins; `required` lists are united."""
+def merge(base: Any, over: Any, ref_wins: bool = False) -> Any:
+    """Deep merge, `over` wins; `required` lists are united. With ref_wins (an AppConfig fragment under the
+    chart's), a chart node that is a `$ref` replaces the app's node whole: the chart's building block is the
+    stricter, values-shaped rule."""
+    if ref_wins and isinstance(over, dict) and "$ref" in over:
+        return copy.deepcopy(over)
     if isinstance(base, dict) and isinstance(over, dict):
         out = copy.deepcopy(base)
         for k, v in over.items():
             if k == "required" and isinstance(out.get(k), list):
                 out[k] = out[k] + [r for r in v if r not in out[k]]
             elif k in out:
-                out[k] = merge(out[k], v)
+                out[k] = merge(out[k], v, ref_wins)
             else:
                 out[k] = copy.deepcopy(v)
         return out
     return copy.deepcopy(over)
-
-
-def merge_app(app: Any, chart: Any) -> Any:
-    """Merge an AppConfig fragment under the chart's: like `merge`, but a chart node that is a `$ref`
-    replaces the app's node whole (the chart's building block is the stricter, values-shaped rule)."""
-    if isinstance(chart, dict) and "$ref" in chart:
-        return copy.deepcopy(chart)
-    if isinstance(app, dict) and isinstance(chart, dict):
-        out = copy.deepcopy(app)
-        for k, v in chart.items():
-            if k == "required" and isinstance(out.get(k), list):
-                out[k] = out[k] + [r for r in v if r not in out[k]]
-            elif k in out:
-                out[k] = merge_app(out[k], v)
-            else:
-                out[k] = copy.deepcopy(v)
-        return out
-    return copy.deepcopy(chart)
 
 
 def carrier(reason: str) -> dict:
@@ -191,9 +177,9 @@ def build() -> tuple[str, str]:
         target = props.get(name)
         if isinstance(target, dict) and "$ref" in target and len(target) == 1:
             d = target["$ref"].split("/")[-1]
-            defs[d] = merge_app(schema, defs[d])
+            defs[d] = merge(schema, defs[d], ref_wins=True)
         else:
-            props[name] = merge_app(schema, target or {})
+            props[name] = merge(schema, target or {}, ref_wins=True)
 
     # reserved engine arguments: the app's table, once, here
     reserved = {k: camel_path(v) for k, v in config.RESERVED_ENGINE_ARGS.items()}

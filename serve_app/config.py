@@ -72,6 +72,14 @@ class RoleSpec(StrictModel):
     accelerator_type: Optional[str] = Field(
         default=None, description="Ray accelerator type of this role's GPUs, e.g. H100 (GPU only)."
     )
+    gpu_fraction: float = Field(
+        default=1,
+        gt=0,
+        le=1,
+        description="Share of one GPU each engine worker takes from Ray (GPU only). Below 1, engines share a "
+        "GPU (small models, side-by-side comparisons): keep engine_args.gpu_memory_utilization within it. "
+        "Needs tensor_parallel_size x pipeline_parallel_size = 1.",
+    )
     engine_args: dict[str, Any] = Field(default_factory=dict)
     engine_env: dict[str, str] = Field(
         default_factory=dict, description="Env vars of this role's engines; wins over the app-wide `engine_env`."
@@ -101,6 +109,15 @@ class RoleSpec(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _shared_gpu_needs_one_worker(self) -> "RoleSpec":
+        if self.gpu_fraction < 1 and self.gpus_per_replica > 1:
+            raise ValueError(
+                f"gpu_fraction ({self.gpu_fraction}): a shared GPU holds one engine worker; "
+                f"tensor_parallel_size x pipeline_parallel_size is {self.gpus_per_replica}"
+            )
+        return self
+
     @property
     def autoscaled(self) -> bool:
         return self.autoscaling is not None and self.autoscaling.enabled
@@ -120,6 +137,16 @@ class KVTransferSpec(StrictModel):
     buffer_device: Literal["cuda", "cpu"] = "cuda"
     allow_prefill_tp_greater_than_decode: bool = Field(
         default=False, description="NIXL cannot split a prefill TP group across fewer decode ranks."
+    )
+    prewarm: bool = Field(
+        default=True,
+        description="Each decode replica sends one tiny request through every prefill replica at start-up, "
+        "so the NIXL handshake (100+ ms) does not land on a user's first request.",
+    )
+    tokenize_once: bool = Field(
+        default=True,
+        description="Decode reuses the prompt token ids prefill returns instead of rendering and "
+        "tokenizing the prompt again.",
     )
 
 
@@ -172,6 +199,23 @@ class AuthSpec(StrictModel):
     def enabled(self) -> bool:
         return bool(self.api_keys_file or self.api_keys_env)
 
+class StreamingSpec(StrictModel):
+    """How the serving replica batches streamed chunks into Serve messages (serve_app/hops.py)."""
+
+    batch_interval_ms: float = Field(
+        default=50,
+        ge=0,
+        le=1000,
+        description="At most one Serve message per stream per interval; chunks arriving sooner travel "
+        "together. 0: one message per chunk (costs Python CPU per token on every hop).",
+    )
+    first_chunk_immediately: bool = Field(
+        default=True,
+        description="A chunk that arrives after a quiet interval (the first one always does) leaves at "
+        "once. Off: Ray's fixed ticks from the start of the stream, which hold the first token for up "
+        "to a whole interval.",
+    )
+
 
 class AppConfig(StrictModel):
     """The whole serve app: one model, served aggregated or disaggregated."""
@@ -188,6 +232,7 @@ class AppConfig(StrictModel):
         default_factory=dict, description="Env vars for every engine role; a role's own `engine_env` wins."
     )
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    streaming: StreamingSpec = Field(default_factory=StreamingSpec)
     engine_metrics: bool = Field(
         default=True,
         description="Export vLLM's engine metrics (vllm:*) through Ray's metrics agent (LLMConfig.log_engine_metrics).",
@@ -209,6 +254,8 @@ class AppConfig(StrictModel):
                         f"{role}.accelerator_type ({spec.accelerator_type}): only valid with accelerator gpu; "
                         "remove it for CPU engines"
                     )
+                if spec.gpu_fraction != 1:
+                    raise ValueError(f"{role}.gpu_fraction ({spec.gpu_fraction}): only valid with accelerator gpu")
             if self.mode == "disaggregated" and self.kv_transfer.buffer_device != "cpu":
                 raise ValueError("kv_transfer.buffer_device: must be cpu when accelerator is cpu")
         return self

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Iterable, Optional, TypeVar
@@ -91,6 +92,15 @@ class HopClock:
     path: Optional[str] = None  # "local" | "remote" (set by the serving replica)
     mode: Optional[str] = None
     prompt_tokens: Optional[int] = None
+    model: Optional[str] = None  # set by the frontend
+
+    def merge(self, replica: "ReplicaStamps") -> None:
+        """Take the serving replica's stamps and labels (they ride on its first output batch)."""
+        for name, at in replica.stamps.items():
+            self.stamps.setdefault(name, at)
+        self.path, self.mode = replica.path, replica.mode
+        if replica.prompt_tokens is not None:
+            self.prompt_tokens = replica.prompt_tokens
 
     def stamp(self, name: str, at: Optional[float] = None) -> None:
         if name not in self.stamps:  # the first time counts (e.g. the first chunk)
@@ -105,6 +115,7 @@ class HopClock:
         t0 = self.stamps.get("ingress_received", min(self.stamps.values(), default=0.0))
         return {
             "request_id": request_id,
+            "model": self.model,
             "path": self.path,
             "mode": self.mode,
             "prompt_tokens": self.prompt_tokens,
@@ -201,3 +212,17 @@ class StreamBatcher(Batcher):
         finally:
             if not self.read_task.done():
                 self.read_task.cancel()
+
+
+def read_traces(log_dir: os.PathLike[str] | str) -> dict[str, dict[str, Any]]:
+    """Every trace line the frontends logged under a Ray session's log folder, by request id."""
+    from pathlib import Path
+
+    traces: dict[str, dict[str, Any]] = {}
+    for log in sorted(Path(log_dir).glob("serve/replica_*.log")):
+        with open(log, errors="replace") as lines:
+            for line in lines:
+                trace = parse_trace_line(line) if TRACE_LOG_PREFIX in line else None
+                if trace is not None:
+                    traces[trace["request_id"]] = trace
+    return traces

@@ -33,6 +33,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray.llm._internal.serve.observability.logging import get_logger
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from serve_app.hops import HopClock, ReplicaStamps, trace_line
+from serve_app.metrics import HopMetrics
+
 logger = get_logger(__name__)
 
 # An engine replica that died, is restarting, or refuses work because its queue is full.
@@ -169,12 +172,70 @@ async def _on_validation_error(_request: Request, exc: RequestValidationError) -
     return _openai_error_response(error)
 
 
+CLOCK_STATE_KEY = "rld_hop_clock"
+
+
+class HopClockMiddleware:
+    """The frontend's outermost ASGI middleware: starts each request's clock (serve_app/hops.py), stamps
+    the first body bytes out, and once the response is done records the per-hop metrics and logs the
+    trace line of a streamed request (the only kind whose serving replica sends its stamps back)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._metrics: Optional[HopMetrics] = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        clock = HopClock()
+        clock.stamp("ingress_received")
+        scope.setdefault("state", {})[CLOCK_STATE_KEY] = clock
+
+        async def send_stamped(message: dict) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                clock.stamp("ingress_first_out")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_stamped)
+        finally:
+            if "replica_first_out" in clock.stamps and "ingress_first_out" in clock.stamps:
+                self._record(clock, scope)
+
+    def _record(self, clock: HopClock, scope: dict) -> None:
+        try:
+            if self._metrics is None:
+                self._metrics = HopMetrics()
+            self._metrics.record(clock, clock.model or "")
+            request_id = next((v.decode() for k, v in scope.get("headers", []) if k == b"x-request-id"), "")
+            logger.info("%s", trace_line(clock, request_id))
+        except Exception:  # noqa: BLE001 - timing must never fail a request that was served
+            logger.exception("recording the request's hop timings failed")
+
+
+def _hop_clock(raw_request: Optional[Request]) -> Optional[HopClock]:
+    state = getattr(raw_request, "scope", {}).get("state", {}) if raw_request is not None else {}
+    return state.get(CLOCK_STATE_KEY)
+
+
+def _take_replica_stamps(chunk: Any, clock: Optional[HopClock]) -> Any:
+    """Strip the serving replica's stamps off its first batch (they are not for the client)."""
+    if isinstance(chunk, list) and chunk and isinstance(chunk[-1], ReplicaStamps):
+        if clock is not None:
+            clock.merge(chunk[-1])
+        return chunk[:-1]
+    return chunk
+
+
 def make_app() -> FastAPI:
-    """Ray's ingress FastAPI app (middleware, metrics, request ids) with OpenAI-shaped error handlers."""
+    """Ray's ingress FastAPI app (middleware, metrics, request ids) with OpenAI-shaped error handlers
+    and, outermost, the per-request hop clock."""
     app = ray_ingress.init()
     app.add_exception_handler(OpenAIHTTPException, _on_openai_http_exception)
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_middleware(HopClockMiddleware)  # added last = runs first
     return app
 
 
@@ -210,12 +271,22 @@ class BoundedOpenAiIngress(OpenAiIngress):
         return JSONResponse({"status": "ok", "models": sorted(self._default_serve_handles)})
 
     async def _get_response(self, *, body, call_method: str, raw_request=None):
+        clock = _hop_clock(raw_request)
+        if clock is not None:
+            clock.model = body.model
+            clock.stamp("ingress_dispatched")
         chunks = super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
         what = f"{call_method} request for model {body.model!r}"
+        first = True
         async for chunk in bounded_chunks(
             chunks,
             first_s=self._first_token_timeout_s,
             between_s=self._between_tokens_timeout_s,
             what=what,
         ):
+            if first:
+                first = False
+                if clock is not None:
+                    clock.stamp("ingress_first_in")
+                chunk = _take_replica_stamps(chunk, clock)
             yield chunk

@@ -44,7 +44,7 @@ def accelerator_fields(app: AppConfig, spec: RoleSpec) -> dict[str, Any]:
         return {"accelerator_config": {"kind": "cpu"}, "placement_group_config": {"bundle_per_worker": {"CPU": 1}}}
     fields: dict[str, Any] = {
         "accelerator_config": {"kind": "gpu"},
-        "placement_group_config": {"bundle_per_worker": {"GPU": 1}},
+        "placement_group_config": {"bundle_per_worker": {"GPU": spec.gpu_fraction}},
     }
     if spec.accelerator_type:
         fields["accelerator_type"] = spec.accelerator_type
@@ -71,9 +71,19 @@ def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
     return {"env_vars": env}
 
 
+# experimental_configs keys serve_app's own servers read (Ray ignores unknown keys).
+FIRST_CHUNK_IMMEDIATELY = "rld_first_chunk_immediately"
+
+
 def experimental_configs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
-    """Ray Serve LLM's per-deployment experimental settings."""
-    configs: dict[str, Any] = {}
+    """Ray Serve LLM's per-deployment experimental settings, plus the ones our servers read."""
+    configs: dict[str, Any] = {
+        "stream_batching_interval_ms": app.streaming.batch_interval_ms,
+        FIRST_CHUNK_IMMEDIATELY: app.streaming.first_chunk_immediately,
+    }
+    if _moves_kv(app) and role == "decode":
+        configs["_prewarm_prefill_decode"] = app.kv_transfer.prewarm
+        configs["pd_tokenize_once"] = app.kv_transfer.tokenize_once
     if spec.side_channel_port is not None and _moves_kv(app) and app.kv_transfer.connector == "NixlConnector":
         # A base, not a port: Ray adds replica rank x TP x PP, so replicas on one node never collide.
         configs["NIXL_SIDE_CHANNEL_PORT_BASE"] = spec.side_channel_port

@@ -15,6 +15,8 @@ prefilled the prompt itself).
 | ray_rld_kv_handoff_seconds                   | histogram | decode role, remote path, streaming only: prefill response received -> decode's first output chunk. That is decode scheduling + the NIXL KV pull + one decode step; vLLM's own `vllm:nixl_xfer_time_seconds` isolates the transfer |
 | ray_rld_time_to_first_token_seconds          | histogram | streaming only: request reached the serving role -> its first output chunk |
 | ray_rld_request_seconds                      | histogram | request reached the recording role -> last chunk; with role="prefill" it is the prefill replica's own time (prompt prefill + 1 token) |
+| ray_rld_hop_seconds                          | histogram | frontend, streamed requests: one sample per segment of the request's way to its first byte out (label `hop`, serve_app/hops.py SEGMENTS) |
+| ray_rld_overhead_seconds                     | histogram | frontend, streamed requests: first byte out minus the engine's own time to its first chunk (what serving adds) |
 
 Non-streaming responses arrive in one piece, so they feed neither TTFT nor KV hand-off.
 """
@@ -23,27 +25,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal, Optional
 
 from ray.util.metrics import Counter, Histogram
 
+from serve_app.hops import HopClock, ReplicaStamps
+
 Path = Literal["remote", "local"]
 
-# Seconds; wide enough for a 2-core CPU box and for long GPU prompts.
-LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
+# Seconds; fine at the low end (1-5 ms steps resolve per-hop costs), wide enough for long prompts on a
+# 2-core CPU box.
+LATENCY_BOUNDARIES_S = [
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.25, 0.3, 0.5, 0.75, 1, 2, 2.5, 5, 10, 30, 60, 120, 300,
+]
+HOP_BOUNDARIES_S = [
+    0.0002, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+    0.2, 0.5, 1, 5, 30, 300,
+]
 TAG_KEYS = ("model", "mode", "role", "path")
-
-
-@dataclass
-class RequestClock:
-    """Monotonic timestamps of one request as it crosses a serving role."""
-
-    arrived: float = field(default_factory=time.monotonic)
-    prefill_sent: Optional[float] = None
-    prefill_done: Optional[float] = None
-    first_chunk: Optional[float] = None
-    handed_off_tokens: Optional[int] = None
+HOP_TAG_KEYS = ("model", "mode", "path", "hop")
 
 
 class RequestMetrics:
@@ -51,6 +52,7 @@ class RequestMetrics:
 
     def __init__(self, *, model: str, mode: str, role: str) -> None:
         self._tags = {"model": model, "mode": mode, "role": role}
+        self._mode = mode
 
         def histogram(name: str, description: str) -> Histogram:
             h = Histogram(name, description=description, boundaries=LATENCY_BOUNDARIES_S, tag_keys=TAG_KEYS)
@@ -78,18 +80,21 @@ class RequestMetrics:
             self.prompt_tokens.inc(prompt_tokens, tags={"path": path})
 
     async def observe(
-        self, chunks: AsyncIterator[Any], clock: RequestClock, *, path: Path, stream: bool
+        self, chunks: AsyncIterator[Any], clock: HopClock, *, path: Path, stream: bool
     ) -> AsyncIterator[Any]:
-        """Pass `chunks` through unchanged, recording the request's timings when it ends."""
+        """Pass `chunks` through, recording the request's timings when it ends. A streamed response's
+        first batch also carries this replica's clock stamps back to the frontend (`ReplicaStamps`)."""
         tags = {"path": path}
         outcome = "error"
         try:
             async for chunk in chunks:
-                if clock.first_chunk is None:
-                    clock.first_chunk = time.monotonic()
+                if "replica_first_out" not in clock.stamps:
+                    clock.stamp("replica_first_out")
                     if _is_error(chunk):
                         yield chunk
                         return
+                    if stream and isinstance(chunk, list):
+                        chunk = [*chunk, ReplicaStamps(dict(clock.stamps), path, self._mode, clock.prompt_tokens)]
                 yield chunk
             outcome = "ok"
         except (GeneratorExit, asyncio.CancelledError):
@@ -101,17 +106,38 @@ class RequestMetrics:
             elif outcome == "error":
                 self.errors.inc(1, tags=tags)
 
-    def _record(self, clock: RequestClock, tags: dict[str, str], *, stream: bool) -> None:
-        end = time.monotonic()
-        self.total.observe(end - clock.arrived, tags=tags)
-        if clock.prefill_sent is not None and clock.prefill_done is not None:
-            self.prefill.observe(clock.prefill_done - clock.prefill_sent, tags=tags)
-        if clock.handed_off_tokens:
-            self.prompt_tokens.inc(clock.handed_off_tokens, tags=tags)
-        if stream and clock.first_chunk is not None:
-            self.ttft.observe(clock.first_chunk - clock.arrived, tags=tags)
-            if clock.prefill_done is not None:
-                self.kv_handoff.observe(clock.first_chunk - clock.prefill_done, tags=tags)
+    def _record(self, clock: HopClock, tags: dict[str, str], *, stream: bool) -> None:
+        s = clock.stamps
+        end = time.time()
+        self.total.observe(end - s["replica_received"], tags=tags)
+        if "prefill_sent" in s and "prefill_returned" in s:
+            self.prefill.observe(s["prefill_returned"] - s["prefill_sent"], tags=tags)
+        if clock.prompt_tokens and tags["path"] == "remote":  # the local path counted them on accept
+            self.prompt_tokens.inc(clock.prompt_tokens, tags=tags)
+        if stream and "replica_first_out" in s:
+            self.ttft.observe(s["replica_first_out"] - s["replica_received"], tags=tags)
+            if "prefill_returned" in s:
+                self.kv_handoff.observe(s["replica_first_out"] - s["prefill_returned"], tags=tags)
+
+
+class HopMetrics:
+    """The frontend's per-hop histograms, fed once per streamed request from its assembled clock."""
+
+    def __init__(self) -> None:
+        self.hops = Histogram("rld_hop_seconds", description="Seconds per segment of a request's way to its "
+                              "first byte out (serve_app/hops.py).", boundaries=HOP_BOUNDARIES_S,
+                              tag_keys=HOP_TAG_KEYS)
+        self.overhead = Histogram("rld_overhead_seconds", description="First byte out of the frontend minus "
+                                  "the engine's own time to its first chunk.", boundaries=HOP_BOUNDARIES_S,
+                                  tag_keys=("model", "mode", "path"))
+
+    def record(self, clock: HopClock, model: str) -> None:
+        base = {"model": model, "mode": clock.mode or "", "path": clock.path or ""}
+        segments = clock.segments()
+        for hop, seconds in segments.items():
+            self.hops.observe(max(seconds, 0.0), tags={**base, "hop": hop})
+        if "ingress_total" in segments and "engine" in segments:
+            self.overhead.observe(max(segments["ingress_total"] - segments["engine"], 0.0), tags=base)
 
 
 def _is_error(chunk: Any) -> bool:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from ray.llm._internal.serve.core.configs.openai_api_models import (
@@ -27,7 +26,12 @@ from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (
 from ray.serve.handle import DeploymentHandle
 from ray.serve.llm import LLMConfig
 
-from serve_app.metrics import Path, RequestClock, RequestMetrics
+from ray.llm._internal.serve.utils.batcher import Batcher
+
+from serve_app import hops
+from serve_app.hops import HopClock, StreamBatcher
+from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY
+from serve_app.metrics import Path, RequestMetrics
 
 logger = get_logger(__name__)
 
@@ -42,8 +46,18 @@ class _MeteredMixin:
     def _init_metrics(self, llm_config: LLMConfig, *, mode: str, role: str) -> None:
         self._metrics = RequestMetrics(model=llm_config.model_id, mode=mode, role=role)
 
-    def _metered(self, chunks: AsyncIterator[Any], request: Request, clock: RequestClock, path: Path):
+    def _metered(self, chunks: AsyncIterator[Any], request: Request, clock: HopClock, path: Path):
         return self._metrics.observe(chunks, clock, path=path, stream=bool(request.stream))
+
+    def _batch_output_stream(self, generator: AsyncIterator[Any]):
+        """Ray's hook for batching a streamed engine response: stamp the engine's first chunk on the
+        request's clock, then batch with `StreamBatcher` (first chunk at once) or Ray's `Batcher`."""
+        llm_config: LLMConfig = self._llm_config
+        stamped = hops.stamp_first(generator, hops.CURRENT.get(), called="engine_called", first="engine_first_chunk")
+        interval_ms = self._get_batch_interval_ms()
+        if llm_config.experimental_configs.get(FIRST_CHUNK_IMMEDIATELY, True):
+            return StreamBatcher(stamped, interval_ms=interval_ms).stream()
+        return Batcher(stamped, interval_ms=interval_ms).stream()
 
 
 class _OnePathMetered(_MeteredMixin):
@@ -64,9 +78,15 @@ class _OnePathMetered(_MeteredMixin):
         return await self._serve_metered(request, raw_request_info, super().completions)
 
     async def _serve_metered(self, request: Request, raw: Optional[RawRequestInfo], run: Callable):
-        clock = RequestClock()
+        clock = HopClock(path=self.PATH, mode=self.MODE)
+        clock.stamp("replica_received")
         self._metrics.accepted(self.PATH)
-        return self._metered(await run(request, raw), request, clock, self.PATH)
+        token = hops.CURRENT.set(clock)  # LLMServer builds the engine stream (and its batcher) in here
+        try:
+            chunks = await run(request, raw)
+        finally:
+            hops.CURRENT.reset(token)
+        return self._metered(chunks, request, clock, self.PATH)
 
 
 class MeteredServer(_OnePathMetered, LLMServer):
@@ -82,31 +102,31 @@ class MeteredPrefillServer(_OnePathMetered, PDPrefillServer):
 
 
 class _HandoffClockBackend:
-    """Delegates to Ray's KV-connector backend and stamps each request's clock at the two hand-off points.
+    """Delegates to Ray's KV-connector backend and stamps the request's clock at the two hand-off points.
 
     Ray's orchestrator calls `prepare_prefill_request` right before it sends the prefill request and
-    `prepare_decode_request` right after the prefill response (with kv_transfer_params) arrives.
+    `prepare_decode_request` right after the prefill response (with kv_transfer_params) arrives; both
+    run while `hops.CURRENT` holds the request's clock (see `SelectiveDecodeServer._remote`).
     """
 
-    def __init__(self, backend: Any, clocks: dict[int, RequestClock]) -> None:
+    def __init__(self, backend: Any) -> None:
         self._backend = backend
-        self._clocks = clocks
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
     def prepare_prefill_request(self, *, request: Request, peer: Any):
-        clock = self._clocks.get(id(request))
+        clock = hops.CURRENT.get()
         if clock is not None:
-            clock.prefill_sent = time.monotonic()
+            clock.stamp("prefill_sent")
         return self._backend.prepare_prefill_request(request=request, peer=peer)
 
     def prepare_decode_request(self, *, request: Request, peer: Any, prefill_response: Any):
-        clock = self._clocks.get(id(request))
+        clock = hops.CURRENT.get()
         if clock is not None and prefill_response is not None:
-            clock.prefill_done = time.monotonic()
+            clock.stamp("prefill_returned")
             params = getattr(prefill_response, "kv_transfer_params", None) or {}
-            clock.handed_off_tokens = params.get("remote_num_tokens")
+            clock.prompt_tokens = params.get("remote_num_tokens")
         return self._backend.prepare_decode_request(request=request, peer=peer, prefill_response=prefill_response)
 
 
@@ -122,7 +142,6 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         **kwargs,
     ):
         self._remote_prefill_min_tokens = remote_prefill_min_tokens
-        self._clocks: dict[int, RequestClock] = {}
         self._handoff_backend: Optional[_HandoffClockBackend] = None
         self._init_metrics(llm_config, mode="disaggregated", role="decode")
         await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
@@ -145,7 +164,7 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
 
     def _get_connector_backend(self):
         if self._handoff_backend is None:
-            self._handoff_backend = _HandoffClockBackend(super()._get_connector_backend(), self._clocks)
+            self._handoff_backend = _HandoffClockBackend(super()._get_connector_backend())
         return self._handoff_backend
 
     async def chat(self, request: ChatCompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
@@ -155,24 +174,39 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         return await self._serve(request, raw_request_info, LLMServer.completions)
 
     async def _serve(self, request: Request, raw: Optional[RawRequestInfo], run_local: Callable):
-        clock = RequestClock()
+        clock = HopClock(mode="disaggregated")
+        clock.stamp("replica_received")
         # Whatever a client put in kv_transfer_params is not ours to honour: the decode engine would
         # try to pull KV from wherever it points.
         request.kv_transfer_params = None
         prompt_tokens = await self._count_prompt_tokens(request)
         if prompt_tokens is not None and prompt_tokens < self._remote_prefill_min_tokens:
+            clock.path, clock.prompt_tokens = "local", prompt_tokens
             self._metrics.accepted("local", prompt_tokens)
-            return self._metered(await run_local(self, request, raw), request, clock, "local")
+            token = hops.CURRENT.set(clock)
+            try:
+                chunks = await run_local(self, request, raw)
+            finally:
+                hops.CURRENT.reset(token)
+            return self._metered(chunks, request, clock, "local")
+        clock.path = "remote"
         self._metrics.accepted("remote")
         return self._metered(self._remote(request, raw, clock), request, clock, "remote")
 
-    async def _remote(self, request: Request, raw: Optional[RawRequestInfo], clock: RequestClock):
-        self._clocks[id(request)] = clock
+    async def _remote(self, request: Request, raw: Optional[RawRequestInfo], clock: HopClock):
+        """Ray's P/D orchestration with the request's clock current while it prefills remotely, hands
+        off and builds the local decode stream (all of that happens before its first chunk)."""
+        stream = self._pd_handle_request(request, raw)
+        token = hops.CURRENT.set(clock)
         try:
-            async for chunk in self._pd_handle_request(request, raw):
-                yield chunk
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            return
         finally:
-            self._clocks.pop(id(request), None)
+            hops.CURRENT.reset(token)
+        yield first
+        async for chunk in stream:
+            yield chunk
 
     async def _count_prompt_tokens(self, request: Request) -> Optional[int]:
         """Prompt length in tokens exactly as this engine will prefill it (chat template, tools included).

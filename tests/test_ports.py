@@ -83,3 +83,12 @@ def test_a_port_used_by_an_outgoing_connection_counts_as_taken() -> None:
 def test_a_plan_that_cannot_work_is_refused(http: int, base: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PortPlan(http=http, base=base)
+
+
+def test_the_readme_points_at_the_demos_real_ports() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    decode_metrics = ports.DEMO.node_ports(2)["metrics-export-port"]  # nodes: head, prefill, decode
+    assert f"http://127.0.0.2:{decode_metrics}/metrics" in readme
+    assert f"http://127.0.0.1:{ports.DEMO.http}/v1" in readme

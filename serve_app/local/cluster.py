@@ -37,6 +37,7 @@ class NodeSpec:
     name: str
     num_cpus: int
     role: Optional[str] = None  # value of the role label; None for the head
+    gpus: tuple[int, ...] = ()  # GPU indices this node owns (its CUDA_VISIBLE_DEVICES); empty: no GPU
 
 
 DEFAULT_NODES = (
@@ -84,11 +85,12 @@ class LocalRayCluster:
         return env
 
     def _start_command(self, index: int, node: NodeSpec) -> list[str]:
-        ray_cli = str(Path(sys.executable).with_name("ray"))
+        # Ray's CLI through this interpreter: works in a venv and in a `pip install --target` tree alike.
         cmd = [
-            ray_cli, "start",
+            sys.executable, "-m", "ray.scripts.scripts", "start",
             f"--node-ip-address={NODE_IP}",
             f"--num-cpus={node.num_cpus}",
+            f"--num-gpus={len(node.gpus)}",
             f"--object-store-memory={self.object_store_bytes}",
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
@@ -123,9 +125,12 @@ class LocalRayCluster:
                 print(f"  ray start failed ({first_line}); retrying ({attempt}/{attempts - 1})", file=sys.stderr)
 
     def _start_nodes(self, timeout_s: float) -> None:
-        env = self.env()
         for index, node in enumerate(self.nodes):
             started = time.monotonic()
+            env = self.env()
+            if any(n.gpus for n in self.nodes):
+                # Each raylet sees only its own GPUs, so Ray hands each role's engines that role's devices.
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpus))
             result = subprocess.run(
                 self._start_command(index, node), env=env, capture_output=True, text=True, timeout=timeout_s
             )

@@ -5,6 +5,7 @@ Args are validated by AppConfig before anything is deployed, exactly as `build_a
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY, AppConfig
@@ -78,3 +79,21 @@ def serve_deploy_config(applications: dict[str, dict[str, Any]], *, http_port: i
             for name, app in applications.items()
         ],
     }
+
+
+def with_overrides(args: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`args` with each dotted AppConfig path of `overrides` set (e.g. {"streaming.batch_interval_ms": 0}),
+    validated again by AppConfig."""
+    if not overrides:
+        return args
+    result = copy.deepcopy(args)
+    for path, value in overrides.items():
+        node = result
+        *parents, leaf = path.split(".")
+        for part in parents:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            node = child
+        node[leaf] = value
+    return AppConfig.model_validate(result).model_dump(mode="json", exclude_defaults=False)

@@ -14,14 +14,14 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import yaml
 
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY
-from serve_app.local.cluster import LocalRayCluster
+from serve_app.local.cluster import DEFAULT_NODES, LocalRayCluster, NodeSpec
 from serve_app.local.ports import DEMO, PortPlan
-from serve_app.local.serve_config import MODEL_ID, local_app_args, serve_deploy_config
+from serve_app.local.serve_config import local_app_args, serve_deploy_config, with_overrides
 from serve_app.local.tiny_model import ensure_tiny_model
 
 
@@ -29,29 +29,49 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+AppArgs = Callable[..., dict[str, Any]]
+
+
 @dataclass
 class LocalStack:
-    """The demo/test deployment. `apps` maps app name -> (route prefix, mode)."""
+    """The demo/test/bench deployment. `apps` maps app name -> (route prefix, mode).
+
+    Defaults serve the tiny model on CPU engines (`local_app_args`). The GPU bench passes its own
+    `model_path`, `app_args` (same signature as `local_app_args`) and `nodes` with GPUs.
+    """
 
     apps: dict[str, tuple[str, str]] = field(default_factory=lambda: {"disagg": ("/", "disaggregated")})
     ports: PortPlan = DEMO
     role_label_key: str = DEFAULT_ROLE_LABEL_KEY
+    nodes: tuple[NodeSpec, ...] = DEFAULT_NODES
+    model_path: Optional[Path] = None  # None: the tiny model, built on first use
+    app_args: AppArgs = local_app_args
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # app name -> {dotted AppConfig path: value}
+    object_store_bytes: int = 256 * 1024**2
+    deploy_timeout_s: float = 600
     cluster: LocalRayCluster = field(init=False)
     serve_config: dict[str, Any] = field(init=False, default_factory=dict)
     timings: dict[str, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.cluster = LocalRayCluster(role_label_key=self.role_label_key, ports=self.ports)
+        self.cluster = LocalRayCluster(role_label_key=self.role_label_key, ports=self.ports, nodes=self.nodes,
+                                       object_store_bytes=self.object_store_bytes)
+
+    @property
+    def log_dir(self) -> Path:
+        """The Ray session's logs (serve/ holds the replica logs with the frontends' trace lines)."""
+        return self.cluster.temp_dir / "session_latest" / "logs"
 
     def base_url(self, app: str = "disagg") -> str:
         prefix = self.apps[app][0].rstrip("/")
         return f"http://127.0.0.1:{self.ports.http}{prefix}/v1"
 
-    def start(self, *, deploy_timeout_s: float = 600) -> None:
+    def start(self, *, deploy_timeout_s: Optional[float] = None) -> None:
         t0 = time.monotonic()
-        model_path = ensure_tiny_model()
+        model_path = self.model_path or ensure_tiny_model()
         self.timings["model"] = time.monotonic() - t0
-        log(f"tiny model: {model_path} ({self.timings['model']:.1f} s)")
+        log(f"model: {model_path} ({self.timings['model']:.1f} s)")
+        deploy_timeout_s = deploy_timeout_s or self.deploy_timeout_s
 
         try:
             self._start_cluster_and_deploy(model_path, deploy_timeout_s)
@@ -67,15 +87,15 @@ class LocalStack:
         self.cluster.start()
         self.timings["ray_start"] = time.monotonic() - t1
 
+        side_channels = {r: self.ports.side_channel_base(r) for r in ("prefill", "decode")}
         self.serve_config = serve_deploy_config(
             {
                 name: {
                     "route_prefix": prefix,
-                    "args": local_app_args(
-                        str(model_path),
-                        mode=mode,
-                        role_label_key=self.role_label_key,
-                        side_channel_ports={r: self.ports.side_channel_base(r) for r in ("prefill", "decode")},
+                    "args": with_overrides(
+                        self.app_args(str(model_path), mode=mode, role_label_key=self.role_label_key,
+                                      side_channel_ports=side_channels),
+                        self.overrides.get(name, {}),
                     ),
                 }
                 for name, (prefix, mode) in self.apps.items()
@@ -130,12 +150,16 @@ class LocalStack:
             f"`ray status --address {self.cluster.address}`; replica logs: {self._logs()}"
         )
 
+    def model_id(self, app: str) -> str:
+        return next(a["args"]["model"]["id"] for a in self.serve_config["applications"] if a["name"] == app)
+
     def _warm_up(self) -> None:
-        """One request per app, long enough for the remote path: the first NIXL hand-off does the
-        connector handshake, which should not land on a user's first request."""
+        """One request per app, long enough for the remote path: the first request through each
+        replica pays one-off costs (connections, the NIXL handshake where prewarm is off) that should
+        not land on a user's first request."""
         prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)
         for app in self.apps:
-            body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            body = {"model": self.model_id(app), "prompt": prompt, "max_tokens": 2, "temperature": 0}
             post_json(f"{self.base_url(app)}/completions", body, timeout_s=180)
 
     def _logs(self) -> str:

@@ -107,10 +107,10 @@ def efa_devices(v: dict, role: str) -> int:
 
 
 def accelerator_type(v: dict, role: str) -> str | None:
-    if v["accelerator"] != "gpu":
-        return None
     if v[role]["acceleratorType"]:
         return v[role]["acceleratorType"]
+    if v["accelerator"] != "gpu":
+        return None
     accs = {x.get("acceleratorType") for x in known(v, role)}
     return accs.pop() if len(accs) == 1 else None
 
@@ -518,7 +518,8 @@ def check_serve_config(r: Rendered) -> AppConfig:
         assert spec.autoscaled == a["enabled"]
         assert (spec.autoscaling.min_replicas, spec.autoscaling.max_replicas) == (a["minReplicas"], a["maxReplicas"])
         assert spec.autoscaling.target_ongoing_requests == a["targetOngoingRequests"]
-        assert spec.side_channel_port == (rv["sideChannelPort"] if push(v) else None)
+        # the NIXL port base: Ray adds replica offsets for NixlConnector; the fixed engine port for NixlPushConnector
+        assert spec.side_channel_port == rv["sideChannelPort"]
         # one Ray node label per role: the key the app selects is the one the group carries
         assert r.groups[role]["labels"][cfg.placement.role_label_key] == role
         # plain mirror: every snake_case key of the role is the camelCase value key, nothing else

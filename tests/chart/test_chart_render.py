@@ -261,7 +261,7 @@ def test_p5_llama3_70b_is_the_classic_case():
     assert r.head["template"]["spec"]["nodeSelector"] == {"karpenter.sh/nodepool": "cpu"}
     args = r.args
     assert args["kv_transfer"] == {"connector": "NixlPushConnector", "backend": "LIBFABRIC", "buffer_device": "cuda",
-                                   "allow_prefill_tp_greater_than_decode": False}
+                                   "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "tokenize_once": True}
     assert (args["prefill"]["tensor_parallel_size"], args["prefill"]["pipeline_parallel_size"]) == (8, 2)
     assert (args["decode"]["tensor_parallel_size"], args["decode"]["pipeline_parallel_size"]) == (8, 1)
     # push connector: explicit, distinct side-channel ports per role (Ray 2.58 leaves them unset)
@@ -277,7 +277,8 @@ def test_p5en_deepseek_autoscales_with_pull_connector():
         assert g["numOfHosts"] == 1
         assert g["minReplicas"] < g["maxReplicas"]
         assert container(g["template"])["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
-        assert "side_channel_port" not in r.args[role]
+        assert r.args[role]["side_channel_port"] == {"prefill": 20000, "decode": 22000}[role], "Ray's bases, passed as they are"
+        assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in env_of(container(g["template"])), "Ray sets it per replica (pull)"
     assert r.args["kv_transfer"]["connector"] == "NixlConnector"
     assert r.args["prefill"]["accelerator_type"] == r.args["decode"]["accelerator_type"] == "H200"
 
@@ -289,7 +290,7 @@ def test_cpu_tiny_has_no_gpus_and_no_efa():
         assert needle not in text, needle
     assert r.args["accelerator"] == "cpu"
     assert r.args["kv_transfer"] == {"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cpu",
-                                     "allow_prefill_tp_greater_than_decode": False}
+                                     "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "tokenize_once": True}
     for g in r.groups.values():
         assert not g["template"]["spec"].get("tolerations")
         limits = container(g["template"])["resources"]["limits"]

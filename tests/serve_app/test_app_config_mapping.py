@@ -138,3 +138,28 @@ def test_invalid_args_fail_at_build_time_naming_the_field(overrides: dict[str, A
 def test_ray_rejects_an_unknown_accelerator_type() -> None:
     with pytest.raises(ValueError, match="H1000"):
         llm_configs(parse_app_config(gpu_args(decode={"tensor_parallel_size": 8, "accelerator_type": "H1000"})))
+
+
+def test_a_role_can_share_a_gpu_with_fractional_bundles() -> None:
+    args = gpu_args(mode="aggregated", prefill=None,
+                    decode={"gpu_fraction": 0.25, "accelerator_type": "H100", "engine_args": {"gpu_memory_utilization": 0.2}})
+    decode = llm_configs(parse_app_config(args))["decode"]
+    bundles = decode.get_engine_config().placement_bundles
+    assert bundles == [{"GPU": 0.25, "accelerator_type:H100": 0.001}]
+    # Ray Serve LLM tells vLLM its share (VLLM_RAY_PER_WORKER_GPUS) from the fractional bundle.
+    assert decode.get_engine_config().get_runtime_env_with_local_env_vars()["env_vars"][
+        "VLLM_RAY_PER_WORKER_GPUS"] == "0.25"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"decode": {"gpu_fraction": 0.5, "tensor_parallel_size": 2}}, "gpu_fraction"),
+        ({"decode": {"gpu_fraction": 0}}, "gpu_fraction"),
+        ({"accelerator": "cpu", "mode": "aggregated", "prefill": None, "decode": {"gpu_fraction": 0.5}},
+         "gpu_fraction"),
+    ],
+)
+def test_gpu_sharing_that_cannot_work_is_refused(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(AppConfigError, match=message):
+        parse_app_config(gpu_args(**overrides))

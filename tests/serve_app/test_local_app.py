@@ -13,6 +13,7 @@ import pytest
 from openai import OpenAI
 from serve_helpers import Series, label_values, scrape, settled, total, wait_until
 
+from serve_app import hops
 from serve_app.local.serve_config import MAX_MODEL_LEN, MODEL_ID, REMOTE_PREFILL_MIN_TOKENS
 from serve_app.local.stack import LocalStack
 
@@ -235,6 +236,39 @@ def _engine_core_of(stack: LocalStack, replica_title: str) -> psutil.Process:
         except psutil.NoSuchProcess:
             continue
     raise AssertionError(f"no VLLM::EngineCore under a process titled {replica_title!r}")
+
+
+@pytest.mark.parametrize(("app", "path"), [("", "remote"), ("/agg", "local")], ids=["disaggregated", "aggregated"])
+def test_a_streamed_request_leaves_a_per_hop_trace_and_hop_metrics(
+    stack: LocalStack, http: httpx.Client, app: str, path: str
+) -> None:
+    request_id = f"hop-trace-{uuid.uuid4()}"
+    body = {"model": MODEL_ID, "prompt": long_prompt(300), "max_tokens": 4, "stream": True, "temperature": 0}
+    with http.stream("POST", f"{app}/v1/completions", json=body, headers={"x-request-id": request_id}) as r:
+        assert r.status_code == 200
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and all("ReplicaStamps" not in e for e in events)
+
+    logs = stack.cluster.temp_dir / "session_latest" / "logs"
+    wait_until("the frontend's trace line", lambda: request_id in hops.read_traces(logs), timeout_s=30, every_s=1)
+    trace = hops.read_traces(logs)[request_id]
+    assert trace["path"] == path and trace["model"] == MODEL_ID
+    if path == "remote":  # the tokens prefill handed off
+        assert trace["prompt_tokens"] > 250
+    stamps = trace["t_ms"]
+    expected = ["ingress_received", "ingress_dispatched", "replica_received"]
+    expected += ["prefill_sent", "prefill_returned"] if path == "remote" else []
+    expected += ["engine_called", "engine_first_chunk", "replica_first_out", "ingress_first_in", "ingress_first_out"]
+    assert list(stamps) == expected, "stamps missing or out of order"
+    segments = trace["segments_ms"]
+    assert sum(segments[s] for s in hops.PATH_SEGMENTS[path]) == pytest.approx(segments["ingress_total"], abs=0.05)
+
+    urls = [stack.cluster.metrics_url(n.name) for n in stack.cluster.nodes]  # the frontend runs on any of them
+    wait_until(
+        "ray_rld_hop_seconds for the engine segment",
+        lambda: any(total(scrape(u), "ray_rld_hop_seconds_count", hop="engine", path=path) > 0 for u in urls),
+        timeout_s=60,
+    )
 
 
 def test_zz_dead_engine_answers_503_instead_of_hanging(stack: LocalStack, http: httpx.Client) -> None:

@@ -193,7 +193,7 @@ def run(args, fetch: Callable[[str], str], send: Callable[[], None], sysfs: Path
     return last
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", required=True, help="the serve Service, e.g. http://llm-serve-svc.ns.svc:8000")
     ap.add_argument("--model", required=True)
@@ -208,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--api-key-file", default="")
     ap.add_argument("--sysfs", default="/sys")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     api_key = Path(args.api_key_file).read_text().split()[0] if args.api_key_file else None
     deadline = time.monotonic() + args.timeout

@@ -6,7 +6,6 @@ passed. Optional fields left empty ("" or {}) stay unset. Then the chart fills w
   - aggregated mode: no prefill, kv_transfer or remote_prefill_min_tokens (only decode runs)
   - kv_transfer.backend / buffer_device when empty (from efa.enabled / accelerator)
   - <role>.accelerator_type when empty (from the role's instance type; none on CPU)
-  - <role>.side_channel_port only with NixlPushConnector (Ray sets it for the pull connector)
   - auth.api_keys_file from auth.apiKeySecret (the Secret mounted on every Ray pod)
 */}}
 
@@ -44,7 +43,6 @@ passed. Optional fields left empty ("" or {}) stay unset. Then the chart fills w
 {{- $r := index $args $role -}}
 {{- $acc := include "ray-llm-disagg.acceleratorType" (dict "root" $ "role" $role) -}}
 {{- if $acc -}}{{- $_ := set $r "accelerator_type" $acc -}}{{- else -}}{{- $_ := unset $r "accelerator_type" -}}{{- end -}}
-{{- if not (include "ray-llm-disagg.explicitSideChannel" $) -}}{{- $_ := unset $r "side_channel_port" -}}{{- end -}}
 {{- end -}}
 {{- if $V.auth.apiKeySecret.name -}}
 {{- $auth := default dict $args.auth -}}

@@ -118,13 +118,11 @@ gpusPerHost (at least 1); empty when neither is known (validate then fails with 
 {{- end -}}
 {{- end -}}
 
-{{/* Ray accelerator type of a role ({root, role}): explicit, else derived from its instance type; empty on CPU or when unknown. */}}
+{{/* Ray accelerator type of a role ({root, role}): explicit (passed as is), else on GPU derived from its instance type; empty when unknown. */}}
 {{- define "ray-llm-disagg.acceleratorType" -}}
 {{- $v := index .root.Values .role -}}
-{{- if eq .root.Values.accelerator "gpu" -}}
 {{- if $v.acceleratorType -}}{{ $v.acceleratorType }}
-{{- else -}}{{- (include "ray-llm-disagg.instanceInfo" . | fromJson).acc | default "" -}}
-{{- end -}}
+{{- else if eq .root.Values.accelerator "gpu" -}}{{- (include "ray-llm-disagg.instanceInfo" . | fromJson).acc | default "" -}}
 {{- end -}}
 {{- end -}}
 

@@ -113,7 +113,7 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- $ports := include "ray-llm-disagg.rayPorts" $ctx | fromJson -}}
 {{- $range := include "ray-llm-disagg.workerPortRange" $ctx | fromJsonArray -}}
 {{- $mine := dict "serve.port" (int $V.serve.port) -}}
-{{- if and (ne $g "head") (include "ray-llm-disagg.explicitSideChannel" $) -}}{{- $_ := set $mine (printf "%s.sideChannelPort" $g) (int $v.sideChannelPort) -}}{{- end -}}
+{{- if and (ne $g "head") $disagg -}}{{- $_ := set $mine (printf "%s.sideChannelPort" $g) (int $v.sideChannelPort) -}}{{- end -}}
 {{- range $key, $port := $mine -}}
 {{- range $pname, $p := $ports -}}
 {{- if eq (int $p) (int $port) -}}
@@ -124,7 +124,7 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- $errs = append $errs (printf "%s: %d is inside Ray's worker port range %d-%d on the %s pods (min-worker-port/max-worker-port); use a port outside it." $key (int $port) (int (index $range 0)) (int (index $range 1)) $g) -}}
 {{- end -}}
 {{- end -}}
-{{- if and (ne $g "head") (include "ray-llm-disagg.explicitSideChannel" $) (eq (int $v.sideChannelPort) (int $V.serve.port)) -}}
+{{- if and (ne $g "head") $disagg (eq (int $v.sideChannelPort) (int $V.serve.port)) -}}
 {{- $errs = append $errs (printf "%s.sideChannelPort: %d is serve.port; Serve proxies listen on it on every pod." $g (int $v.sideChannelPort)) -}}
 {{- end -}}
 {{- end -}}
@@ -175,6 +175,9 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if and (lt (float64 $v.gpuFraction) 1.0) (gt (mul $tp $pp) 1) -}}
+{{- $errs = append $errs (printf "%s.gpuFraction: %v shares a GPU between engines, which needs one worker per engine; tensorParallelSize x pipelineParallelSize is %d." $role $v.gpuFraction (mul $tp $pp)) -}}
+{{- end -}}
 {{- if and $v.autoscaling.enabled (gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}
 {{- $errs = append $errs (printf "%s.autoscaling.minReplicas: %d is greater than %s.autoscaling.maxReplicas (%d)." $role (int $v.autoscaling.minReplicas) $role (int $v.autoscaling.maxReplicas)) -}}
 {{- end -}}
@@ -187,8 +190,20 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- if and (gt (int $p.tensorParallelSize) (int $d.tensorParallelSize)) (not $V.kvTransfer.allowPrefillTpGreaterThanDecode) -}}
 {{- $errs = append $errs (printf "prefill.tensorParallelSize: %d is greater than decode.tensorParallelSize (%d); NIXL cannot split a prefill TP group across fewer decode ranks. Lower it, or set kvTransfer.allowPrefillTpGreaterThanDecode: true if your vLLM supports it." (int $p.tensorParallelSize) (int $d.tensorParallelSize)) -}}
 {{- end -}}
-{{- if and (include "ray-llm-disagg.explicitSideChannel" .) (eq (int $p.sideChannelPort) (int $d.sideChannelPort)) -}}
-{{- $errs = append $errs (printf "decode.sideChannelPort: %d equals prefill.sideChannelPort; with NixlPushConnector each role needs its own NIXL side-channel port." (int $d.sideChannelPort)) -}}
+{{- /* NIXL side-channel ports: push uses the one base port per engine, pull base + replica rank x TP x PP */ -}}
+{{- $span := dict -}}
+{{- range $role := $roles -}}
+{{- $v := index $V $role -}}
+{{- $n := 1 -}}
+{{- if not (include "ray-llm-disagg.explicitSideChannel" $) -}}
+{{- $n = mul (ternary (int $v.autoscaling.maxReplicas) (int $v.replicas) $v.autoscaling.enabled) (mul (int $v.tensorParallelSize) (int $v.pipelineParallelSize)) -}}
+{{- end -}}
+{{- $_ := set $span $role (list (int $v.sideChannelPort) (add (int $v.sideChannelPort) (max 1 $n))) -}}
+{{- end -}}
+{{- $pr := $span.prefill -}}
+{{- $dr := $span.decode -}}
+{{- if and (lt (index $pr 0) (index $dr 1)) (lt (index $dr 0) (index $pr 1)) -}}
+{{- $errs = append $errs (printf "decode.sideChannelPort: NIXL side-channel ports %d-%d (decode) overlap %d-%d (prefill); with %s each role needs its own range (pull: base + replica rank x TP x PP)." (index $dr 0) (sub (index $dr 1) 1) (index $pr 0) (sub (index $pr 1) 1) $V.kvTransfer.connector) -}}
 {{- end -}}
 {{- end -}}
 

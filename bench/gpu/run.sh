@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# bench/gpu/run.sh — run the GPU benchmark (python -m bench.gpu) on any Linux machine with NVIDIA GPUs.
+#
+#   bench/gpu/run.sh [ARGS...]                   install the pinned stack from the package index, then run
+#   bench/gpu/run.sh --offline DIR [ARGS...]     install from the bundle bench/gpu/stage.sh made (no index)
+#   bench/gpu/run.sh --collect DIR               only copy bundle pieces found under DIR into the piece folder
+#                                                (for bundles delivered in several transfers), then exit
+# ARGS go to `python -m bench.gpu` (bench/ttft.py: --lengths, --pairs, --eager, --model, --out ...).
+#
+# Online: a venv with the machine's own torch visible (--system-site-packages), then vllm, ray[serve] and nixl
+# at the versions in versions.env plus this repo's few runtime needs; cached under
+# ${RLD_GPU_CACHE:-~/.cache/ray-llm-disagg/gpu} and reused while versions.env is unchanged.
+# Offline: the bundle is a site-packages tree for the machine's python3 (tar.xz in pieces of <= 60 MiB); it is
+# unpacked once into $RLD_GPU_CACHE/site and put on PYTHONPATH.
+# Environment: NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...), as shared multi-GPU hosts require.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+. ./versions.env
+cache=${RLD_GPU_CACHE:-$HOME/.cache/ray-llm-disagg/gpu}
+pieces=$cache/pieces
+log() { printf '[bench/gpu/run.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+PY=${PYTHON:-python3}
+
+collect() {  # collect DIR: copy every bundle piece under DIR into $pieces
+  mkdir -p "$pieces"
+  find "$1" -name 'bundle.tar.xz.*' -exec cp {} "$pieces/" \;
+  log "bundle pieces now here: $(ls "$pieces" | tr '\n' ' ')"
+}
+
+offline=""
+case "${1:-}" in
+  --collect) collect "${2:?--collect needs a folder}"; exit 0 ;;
+  --offline) offline="${2:?--offline needs a folder}"; shift 2 ;;
+esac
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+
+if [ -n "$offline" ]; then
+  collect "$offline"
+  site=$cache/site
+  want=$(cat "$pieces"/bundle.tar.xz.* | sha256sum | cut -c1-16)
+  if [ "$(cat "$site/.bundle" 2>/dev/null)" != "$want" ]; then
+    t0=$SECONDS
+    rm -rf "$site" && mkdir -p "$site"
+    cat "$pieces"/bundle.tar.xz.* | xz -T0 -d | tar -x -C "$site"
+    echo "$want" > "$site/.bundle"
+    log "unpacked the bundle in $((SECONDS - t0)) s: $(du -sh "$site" | cut -f1)"
+  fi
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+else
+  venv=$cache/venv-$(sha256sum versions.env | cut -c1-12)
+  if [ ! -f "$venv/.ok" ]; then
+    log "installing vllm==$VLLM_VERSION ray[serve]==$RAY_VERSION nixl==$NIXL_VERSION into $venv"
+    rm -rf "$venv"
+    "$PY" -m venv --system-site-packages "$venv"
+    "$venv/bin/python" -m pip install -q "vllm==$VLLM_VERSION" "ray[serve]==$RAY_VERSION" \
+      "nixl==$NIXL_VERSION" "nixl-cu13==$NIXL_VERSION" psutil pyyaml matplotlib prometheus-client
+    touch "$venv/.ok"
+  fi
+  PY=$venv/bin/python
+fi
+
+"$PY" -c "import torch, vllm, ray; assert torch.cuda.is_available(), 'no CUDA GPU'; \
+print(f'torch {torch.__version__} vllm {vllm.__version__} ray {ray.__version__} on {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}')" >&2
+exec "$PY" -m bench.gpu "$@"

