@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None, device: Optional[str] = None) -> argparse
     p.add_argument("--model", type=Path, help="a Hugging Face model folder (GPU; default: --shape, dummy weights)")
     p.add_argument("--model-id", default=None, help="the name clients send (default: m8b on GPU, tiny on CPU)")
     p.add_argument("--shape", default="llama3-8b", help="dimensions of the dummy GPU model (bench/gpu/model.py)")
+    p.add_argument("--model-config", type=Path, help="GPU: a folder with config.json and tokenizer files, served "
+                   "with dummy weights (default: --shape's dimensions and the tiny test tokenizer, built here)")
     p.add_argument("--lengths", default=None, help="prompt tokens, comma-separated (default GPU 1024,4096,8192; "
                    "CPU 256,1024,1900: the tiny model's context is 2048)")
     p.add_argument("--phases", default=None, help=f"comma-separated of {', '.join(PHASES)} (default: both on "
@@ -202,7 +204,7 @@ def gpu_profile(a: argparse.Namespace, out: Path) -> Profile:
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
     if importlib.util.find_spec("flashinfer") is None:
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"  # vLLM's top-k/p sampler check imports it otherwise
-    model = a.model or dummy_model(a.shape, out / "model", longest + 1024, ensure_tiny_model())
+    model = a.model or a.model_config or dummy_model(a.shape, out / "model", longest + 1024, ensure_tiny_model())
     nodes = (NodeSpec("head", num_cpus=4), NodeSpec("prefill", num_cpus=8, role="prefill", gpus=(1,) if count > 1 else ()),
              NodeSpec("decode", num_cpus=8, role="decode", gpus=(0,)))
     return Profile(

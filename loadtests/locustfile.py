@@ -66,6 +66,7 @@ class _Run:
         self.factory: prompts.PromptFactory | None = None
         self.calibration: prompts.Calibration | None = None
         self.store = SampleStore()
+        self.records: list[dict[str, Any]] = []  # one per finished request, for --samples-jsonl
         self.issued = 0
         self.finished = 0
         self.users_started = 0
@@ -134,6 +135,7 @@ def _calibration(client: SetupClient, model: str, ep: Endpoints, s: options.Sett
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_: Any) -> None:
     RUN.store = SampleStore()
+    RUN.records = []
     RUN.issued = RUN.finished = RUN.users_started = 0
     RUN.setup_error = None
     if isinstance(environment.runner, MasterRunner):
@@ -157,16 +159,22 @@ def _on_request(request_type: str, response_time: float, exception: Any, **_: An
 
 
 class OpenAIUser(FastHttpUser):
-    """One closed-loop client: sends a request, waits for the whole stream, repeats."""
+    """One client. Closed loop (default): sends a request, waits for the whole stream, repeats.
+    Open loop (--request-rate R): a Poisson stream of arrivals at R / users per second, each request in a
+    greenlet of its own, so a slow server meets the offered rate instead of slowing the client down."""
 
     wait_time = constant(0)
-    concurrency = 1  # one request at a time per user
+    concurrency = 1  # connections per user: one request at a time in the closed loop
 
     def __init__(self, environment: Environment) -> None:
         opts = environment.parsed_options
         # FastHttpUser builds its client from these class attributes in __init__.
         self.network_timeout = float(getattr(opts, "request_timeout", 0) or 300.0)
         self.connection_timeout = min(self.network_timeout, 30.0)
+        self.rate = float(getattr(opts, "request_rate", 0) or 0.0) / max(int(getattr(opts, "num_users", 1) or 1), 1)
+        if self.rate > 0:
+            self.concurrency = int(getattr(opts, "max_in_flight", 512) or 512)
+        self.in_flight: set[gevent.Greenlet] = set()
         super().__init__(environment)
 
     def on_start(self) -> None:
@@ -174,15 +182,52 @@ class OpenAIUser(FastHttpUser):
         RUN.users_started += 1
         seed = RUN.settings.seed if RUN.settings else 0
         self.rng = random.Random(f"{seed}-{RUN.users_started}")
+        self.arrivals = random.Random(f"{seed}-arrivals-{RUN.users_started}")
+
+    def on_stop(self) -> None:
+        # Open loop: requests already sent finish (bounded by Locust's --stop-timeout) and are counted.
+        if self.in_flight:
+            gevent.joinall(list(self.in_flight))
 
     @task
     def generate(self) -> None:
-        s, factory, ep = RUN.settings, RUN.factory, RUN.endpoints
-        if s is None or factory is None or ep is None or RUN.setup_error:
+        s = self._next_request_allowed()
+        if self.rate <= 0:
+            RUN.issued += 1
+            self._generate_one(s)
+            return
+        gevent.sleep(self.arrivals.expovariate(self.rate))
+        s = self._next_request_allowed()
+        RUN.issued += 1
+        if len(self.in_flight) >= s.max_in_flight:
+            now = time.time()
+            self.environment.events.request.fire(
+                request_type="POST", name=s.api, response_time=0, response_length=0, context={},
+                exception=RuntimeError(f"client saturated: {s.max_in_flight} requests in flight (--max-in-flight)"))
+            RUN.store.request_done(False, now, now, 0, None, 0)
+            self._finished(s)
+            return
+        greenlet = gevent.spawn(self._generate_one, s)
+        self.in_flight.add(greenlet)
+        greenlet.link(self.in_flight.discard)
+
+    def _next_request_allowed(self) -> options.Settings:
+        """The settings, or StopUser when setup failed or --max-requests were all sent."""
+        s = RUN.settings
+        if s is None or RUN.factory is None or RUN.endpoints is None or RUN.setup_error:
             raise StopUser()
         if s.max_requests and RUN.issued >= s.max_requests:
             raise StopUser()
-        RUN.issued += 1
+        return s
+
+    def _finished(self, s: options.Settings) -> None:
+        RUN.finished += 1
+        if s.max_requests and RUN.finished >= s.max_requests:
+            self._quit_when_done()
+
+    def _generate_one(self, s: options.Settings) -> None:
+        factory, ep = RUN.factory, RUN.endpoints
+        assert factory is not None and ep is not None
         body: dict[str, Any] = {"model": RUN.model, **factory.make(s.profile.input_tokens, self.rng),
                                 "max_tokens": s.profile.output_tokens, "stream": s.stream}
         if s.stream:
@@ -194,14 +239,16 @@ class OpenAIUser(FastHttpUser):
         headers = {"Accept-Encoding": "identity"}
         if s.api_key:
             headers["Authorization"] = f"Bearer {s.api_key}"
+        request_id = f"{s.request_id_prefix}-{RUN.issued}" if s.request_id_prefix else None
+        if request_id:
+            headers["x-request-id"] = request_id
         try:
-            self._send(s, ep.path(s.api), body, headers)
+            self._send(s, ep.path(s.api), body, headers, request_id)
         finally:
-            RUN.finished += 1
-            if s.max_requests and RUN.finished >= s.max_requests:
-                self._quit_when_done()
+            self._finished(s)
 
-    def _send(self, s: options.Settings, path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+    def _send(self, s: options.Settings, path: str, body: dict[str, Any], headers: dict[str, str],
+              request_id: str | None = None) -> None:
         label = s.api
         wall0, t0 = time.time(), time.perf_counter()
         with self.client.request("POST", path, name=label, json=body, headers=headers,
@@ -232,6 +279,13 @@ class OpenAIUser(FastHttpUser):
         RUN.store.request_done(ok, wall0, wall0 + e2e_s, result.output_tokens if result else 0,
                                result.usage_prompt_tokens if result else None,
                                result.text_chunks if result and s.stream else 0)
+        if s.samples_jsonl:
+            RUN.records.append({
+                "id": request_id, "ok": ok, "start": wall0, "end": wall0 + e2e_s, "e2e_ms": e2e_s * 1000,
+                "ttft_ms": result.ttft_s * 1000 if result and result.ttft_s is not None else None,
+                "itl_ms": result.itl_s * 1000 if result and result.itl_s is not None else None,
+                "output_tokens": result.output_tokens if result else 0,
+                "prompt_tokens": result.usage_prompt_tokens if result else None, "error": problem})
         if ok:
             assert result is not None
             self._fire_metrics(label, result)
@@ -364,6 +418,9 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     if s.summary_json:
         with open(s.summary_json, "w") as f:
             json.dump(summary, f, indent=2, default=str)
+    if s.samples_jsonl and not isinstance(environment.runner, MasterRunner):
+        with open(s.samples_jsonl, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in RUN.records)
     if getattr(environment.parsed_options, "csv_prefix", None):
         # Locust 2.47 rewrites the --csv files every CSV_STATS_INTERVAL_SEC and never once more at
         # shutdown: without one more pass the files can miss the last second of the run.

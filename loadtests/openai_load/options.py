@@ -34,6 +34,13 @@ def register(parser: Any) -> None:
                         "outputs may then be shorter than --output-tokens")
     g.add_argument("--temperature", env_var="LOCUST_TEMPERATURE", type=float, default=None, include_in_web_ui=False,
                    help="sampling temperature; default: the server's")
+    g.add_argument("--request-rate", env_var="LOCUST_REQUEST_RATE", type=float, default=0.0,
+                   help="open loop: send this many requests per second in all (Poisson arrivals, shared by the -u "
+                        "users), whether earlier ones finished or not, up to --max-in-flight at once; 0 (default): "
+                        "closed loop, each user sends its next request when the last one ended")
+    g.add_argument("--max-in-flight", env_var="LOCUST_MAX_IN_FLIGHT", type=int, default=512, include_in_web_ui=False,
+                   help="open loop: arrivals finding this many requests in flight fail at once as "
+                        "'client saturated' (so an overloaded server cannot exhaust the load generator)")
     g.add_argument("--max-requests", env_var="LOCUST_MAX_REQUESTS", type=int, default=0,
                    help="stop after this many requests in this process (0: no limit; -t bounds time)")
     g.add_argument("--request-timeout", env_var="LOCUST_REQUEST_TIMEOUT", type=float, default=300.0,
@@ -44,6 +51,12 @@ def register(parser: Any) -> None:
                         "server, model, API and workload; otherwise calibrate and store it there")
     g.add_argument("--summary-json", env_var="LOCUST_SUMMARY_JSON", default="", include_in_web_ui=False,
                    help="write exact percentiles, throughput and the SLO verdict to this JSON file")
+    g.add_argument("--samples-jsonl", env_var="LOCUST_SAMPLES_JSONL", default="", include_in_web_ui=False,
+                   help="write one JSON line per finished request (start/end wall time, ok, TTFT, mean ITL, E2E, "
+                        "tokens, error) to this file: per-request SLO checks (goodput), merging runs")
+    g.add_argument("--request-id-prefix", env_var="LOCUST_REQUEST_ID_PREFIX", default="", include_in_web_ui=False,
+                   help="send `x-request-id: <prefix>-<n>` with request n (servers that log by request id, "
+                        "like this project's app, can then be joined to the samples)")
     # SLO thresholds: with any of them set, the exit code is 0 when all pass and 3 when one fails.
     s.add_argument("--slo-ttft-p95-ms", env_var="LOCUST_SLO_TTFT_P95_MS", type=float, default=None, include_in_web_ui=False,
                    help="SLO: largest allowed p95 time to first token (ms)")
@@ -79,9 +92,13 @@ class Settings:
     ignore_eos: bool
     temperature: float | None
     max_requests: int
+    request_rate: float
+    max_in_flight: int
     request_timeout_s: float
     seed: int
     summary_json: str | None
+    samples_jsonl: str | None
+    request_id_prefix: str | None
     calibration_file: str | None
     thresholds: Thresholds
 
@@ -95,6 +112,12 @@ class Settings:
         max_requests = int(getattr(o, "max_requests", 0) or 0)
         if max_requests < 0:
             raise ValueError(f"--max-requests must be >= 0, got {max_requests}")
+        request_rate = float(getattr(o, "request_rate", 0.0) or 0.0)
+        if request_rate < 0:
+            raise ValueError(f"--request-rate must be >= 0 requests/s, got {request_rate}")
+        max_in_flight = int(getattr(o, "max_in_flight", 512) or 512)
+        if max_in_flight < 1:
+            raise ValueError(f"--max-in-flight must be >= 1, got {max_in_flight}")
         return cls(
             profile=profile,
             api=api,  # type: ignore[arg-type]
@@ -104,9 +127,13 @@ class Settings:
             ignore_eos=not _bool(getattr(o, "no_ignore_eos", False)),
             temperature=_opt_float(getattr(o, "temperature", None)),
             max_requests=max_requests,
+            request_rate=request_rate,
+            max_in_flight=max_in_flight,
             request_timeout_s=float(getattr(o, "request_timeout", 300.0) or 300.0),
             seed=int(getattr(o, "seed", 0) or 0),
             summary_json=(getattr(o, "summary_json", "") or None),
+            samples_jsonl=(getattr(o, "samples_jsonl", "") or None),
+            request_id_prefix=(getattr(o, "request_id_prefix", "") or None),
             calibration_file=(getattr(o, "calibration_file", "") or None),
             thresholds=Thresholds(
                 ttft_p95_ms=_opt_float(getattr(o, "slo_ttft_p95_ms", None)),

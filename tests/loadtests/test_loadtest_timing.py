@@ -26,6 +26,14 @@ TEMPLATE_TOKENS = 7  # the stub's "chat template" overhead
 
 class _StubOpenAI(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    lock = threading.Lock()
+    in_flight = 0
+    most_in_flight = 0  # the most streamed requests served at once since the last reset
+
+    @classmethod
+    def reset_concurrency(cls) -> None:
+        with cls.lock:
+            cls.in_flight = cls.most_in_flight = 0
 
     def log_message(self, *_: object) -> None:
         pass
@@ -60,6 +68,17 @@ class _StubOpenAI(BaseHTTPRequestHandler):
             self._json(200, {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}],
                              "usage": usage})
             return
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.most_in_flight = max(cls.most_in_flight, cls.in_flight)
+        try:
+            self._stream(body, usage)
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+
+    def _stream(self, body: dict, usage: dict) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -155,3 +174,36 @@ def test_bench_paired_phase_times_both_servers_alike(stub_url: str) -> None:
         assert FIRST_S * 1000 <= r.ttft_ms[mode]["min"] <= r.ttft_ms[mode]["max"] < (FIRST_S + 0.15) * 1000
         assert GAP_S * 1000 <= r.itl_ms[mode]["p50"] < (GAP_S + 0.05) * 1000
     assert abs(r.ttft_diff_ms["p50"]) < 50 and 0.8 < r.ttft_p50_ratio < 1.25
+
+
+def _most_overlapping(records: list[dict]) -> int:
+    """The most requests in flight at once, from the client's own start/end times."""
+    events = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.parametrize(("extra", "most_at_once"), [((), (1, 1)), (("--request-rate", "40"), (4, 20))],
+                         ids=["closed-loop", "open-loop"])
+def test_open_loop_keeps_sending_while_earlier_requests_are_in_flight(
+    stub_url: str, tmp_path: Path, extra: tuple[str, ...], most_at_once: tuple[int, int]
+) -> None:
+    """Each stubbed request takes ~0.5 s. One closed-loop user never has two in flight; an open-loop
+    user offered 40 requests/s does, and every request still completes and is measured."""
+    _StubOpenAI.reset_concurrency()
+    samples = tmp_path / "samples.jsonl"
+    run = run_locust(stub_url, tmp_path, "--input-tokens", "40", "--output-tokens", "5", *extra,
+                     "--samples-jsonl", str(samples), "--request-id-prefix", "lt", users=1, run_time_s=60,
+                     max_requests=20)
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.summary["ok"] == 20 and run.summary["failed"] == 0
+    # one record per request, ids as sent, timings the stub's
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    low, high = most_at_once
+    assert low <= _most_overlapping(records) <= high
+    assert _StubOpenAI.most_in_flight >= low  # the server saw them at once too
+    assert sorted(r["id"] for r in records) == sorted(f"lt-{i}" for i in range(1, 21))
+    assert all(r["ok"] and r["ttft_ms"] >= FIRST_S * 1000 and r["output_tokens"] == 5 for r in records)
