@@ -301,7 +301,7 @@ def test_slo_threshold_selects_its_bucket(threshold: float, matcher: tuple[str, 
 
 
 def test_slo_thresholds_must_be_bucket_bounds() -> None:
-    err = render_error(values=[ALL_ON, monitoring({"slo": {"ttft": {"objective": 0.99, "thresholdSeconds": 2}}})])
+    err = render_error(values=[ALL_ON, monitoring({"slo": {"ttft": {"objective": 0.99, "thresholdSeconds": 3}}})])
     assert key_named(err, "monitoring.slo.ttft.thresholdSeconds"), err
     err = render_error(values=[ALL_ON, monitoring({"slo": {"itl": {"objective": 1, "thresholdSeconds": 0.2}}})])
     assert key_named(err, "monitoring.slo.itl.objective"), err
