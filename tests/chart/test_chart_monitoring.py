@@ -75,15 +75,24 @@ def test_pod_monitor_scrapes_the_metrics_port_of_every_ray_pod(mode: str) -> Non
     for name, template in pods.items():
         labels = template["metadata"]["labels"]
         assert selector.items() <= labels.items(), f"PodMonitor selector misses the {name} pods: {selector} vs {labels}"
-    # The head declares the port; KubeRay adds the same `metrics` port (8080) to workers that lack it.
-    head_ports = {p["name"]: p["containerPort"] for p in r.head["template"]["spec"]["containers"][0]["ports"]}
+    # every Ray container names its metrics export port as the endpoint does (KubeRay's default 8080)
     (endpoint,) = pm["podMetricsEndpoints"]
-    assert endpoint["port"] == "metrics" and head_ports["metrics"] == 8080
-    assert endpoint["interval"] == "30s" and endpoint["path"] == "/metrics"
+    assert endpoint["port"] == "metrics" and endpoint["interval"] == "30s" and endpoint["path"] == "/metrics"
+    for name, template in pods.items():
+        ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0].get("ports", [])}
+        assert ports.get("metrics") == 8080, f"{name}: {ports}"
     # the target labels the rules and the dashboard select by
     targets = {rl["targetLabel"]: rl["sourceLabels"] for rl in endpoint["relabelings"]}
     assert targets == {"app_kubernetes_io_instance": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
                        "ray_io_group": ["__meta_kubernetes_pod_label_ray_io_group"]}
+
+
+def test_a_moved_metrics_export_port_is_still_scraped() -> None:
+    """The endpoint names the port, so a group's own `metrics-export-port` moves with it."""
+    r = render(values=[ALL_ON, {"decode": {"rayStartParams": {"metrics-export-port": "9090"}}}])
+    (endpoint,) = r.one("PodMonitor")["spec"]["podMetricsEndpoints"]
+    decode = r.groups["decode"]["template"]["spec"]["containers"][0]
+    assert {p["name"]: p["containerPort"] for p in decode["ports"]}[endpoint["port"]] == 9090
 
 
 def test_the_helm_test_pod_is_not_scraped() -> None:
