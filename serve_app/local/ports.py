@@ -15,7 +15,10 @@ Layout of one plan: the HTTP port, plus a block of 1000 ports at `base`:
                               node manager, object manager
     base + 90 .. + 99         auxiliary servers of a test or bench (e.g. vLLM's own OpenAI server)
     base + 100 / + 120        NIXL side-channel base of prefill / decode (Ray adds replica rank x TP x PP)
-    base + 200 + 200*i ..+199 node i: Ray worker processes
+    base + 200 + 150*i ..+149 node i: Ray worker processes
+    base + 800 .. + 849       Serve direct-ingress HTTP servers of ingress replicas (high-throughput mode)
+    base + 850 .. + 899       Serve direct-ingress gRPC servers (high-throughput mode)
+    base + 900 / + 901        HAProxy stats / metrics (when Serve's HAProxy ingress is on)
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ NODE_PORT_FLAGS = (
     "node-manager-port",
     "object-manager-port",
 )
-WORKERS_PER_NODE = 200
+WORKERS_PER_NODE = 150
 SIDE_CHANNEL_SPAN = 20  # ports per role: replicas x TP x PP on one node
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
@@ -70,6 +73,20 @@ class PortPlan:
             raise ValueError(f"aux port index {index}: 0-9")
         return self.base + 90 + index
 
+    def serve_env(self) -> dict[str, str]:
+        """Ray Serve's own port settings for this plan (they matter only in Serve's high-throughput and
+        HAProxy modes, whose defaults are fixed ports shared by every stack on the machine, some of them
+        inside the ephemeral range)."""
+        b = self.base
+        return {
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(b + 800),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(b + 849),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(b + 850),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(b + 899),
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(b + 900),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(b + 901),
+        }
+
     def side_channel_base(self, role: str) -> int:
         return self.base + {"prefill": 100, "decode": 100 + SIDE_CHANNEL_SPAN}[role]
 
@@ -90,6 +107,9 @@ class PortPlan:
         for role in ("prefill", "decode"):
             start = self.side_channel_base(role)
             ports.update({p: f"NIXL side channel ({role})" for p in range(start, start + SIDE_CHANNEL_SPAN)})
+        ports.update({p: "Serve direct-ingress HTTP" for p in range(self.base + 800, self.base + 850)})
+        ports.update({p: "Serve direct-ingress gRPC" for p in range(self.base + 850, self.base + 900)})
+        ports.update({self.base + 900: "HAProxy stats", self.base + 901: "HAProxy metrics"})
         for i in range(nodes):
             node = self.node_ports(i)
             ports.update({port: f"node {i} {flag}" for flag, port in node.items() if "worker" not in flag})
@@ -112,11 +132,16 @@ class PortPlan:
 
 
 def holders_of(ports: set[int]) -> dict[int, str]:
-    """Which of `ports` are bound locally (listening, or the local end of any connection), and by whom."""
+    """Which of `ports` are bound locally (listening, or the local end of a live connection), and by whom.
+
+    TIME_WAIT leftovers of a stack that just stopped do not count: every server here binds with
+    SO_REUSEADDR, which TIME_WAIT does not block (a live outgoing connection's port does)."""
     import psutil
 
     found: dict[int, str] = {}
     for conn in psutil.net_connections(kind="inet"):
+        if conn.status == psutil.CONN_TIME_WAIT:
+            continue
         if conn.laddr and conn.laddr.port in ports and conn.laddr.port not in found:
             found[conn.laddr.port] = _describe(conn.pid, conn.status)
     return found

@@ -48,6 +48,7 @@ class LocalStack:
     app_args: AppArgs = local_app_args
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # app name -> {dotted AppConfig path: value}
     object_store_bytes: int = 256 * 1024**2
+    cluster_env: dict[str, str] = field(default_factory=dict)  # for every Ray process of the stack
     deploy_timeout_s: float = 600
     cluster: LocalRayCluster = field(init=False)
     serve_config: dict[str, Any] = field(init=False, default_factory=dict)
@@ -55,7 +56,7 @@ class LocalStack:
 
     def __post_init__(self) -> None:
         self.cluster = LocalRayCluster(role_label_key=self.role_label_key, ports=self.ports, nodes=self.nodes,
-                                       object_store_bytes=self.object_store_bytes)
+                                       object_store_bytes=self.object_store_bytes, extra_env=self.cluster_env)
 
     @property
     def log_dir(self) -> Path:

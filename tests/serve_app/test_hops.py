@@ -104,3 +104,40 @@ def test_the_frontend_merges_the_replicas_stamps_without_overwriting_its_own() -
     clock.merge(ReplicaStamps({"ingress_received": 5.0, "replica_received": 1.2}, "remote", "disaggregated", 601))
     assert clock.stamps == {"ingress_received": 1.0, "ingress_dispatched": 1.1, "replica_received": 1.2}
     assert (clock.path, clock.mode, clock.prompt_tokens) == ("remote", "disaggregated", 601)
+
+
+def _asgi_stream(wants_trace: bool) -> bytes:
+    """The bytes a client receives from the frontend's middleware around a two-chunk SSE response whose
+    serving replica's stamps arrived (as `_get_response` merges them)."""
+    from serve_app.ingress import CLOCK_STATE_KEY, HopClockMiddleware
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        clock = scope["state"][CLOCK_STATE_KEY]
+        clock.merge(ReplicaStamps({"replica_received": time.time(), "replica_first_out": time.time()},
+                                  "local", "aggregated"))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'data: {"choices": [{"text": "a"}]}\n\n', "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    sent: list[bytes] = []
+
+    async def send(message):  # type: ignore[no-untyped-def]
+        if message["type"] == "http.response.body":
+            sent.append(message["body"])
+
+    headers = [(b"x-request-id", b"req-9")] + ([(b"x-rld-trace", b"1")] if wants_trace else [])
+    asyncio.run(HopClockMiddleware(app)({"type": "http", "headers": headers}, None, send))
+    return b"".join(sent)
+
+
+def test_a_client_that_asks_gets_the_record_in_the_stream_and_others_do_not() -> None:
+    from loadtests.openai_load.sse import consume_sse
+
+    plain, traced = _asgi_stream(False), _asgi_stream(True)
+    assert b"rld-trace" not in plain
+    result = consume_sse(iter(traced.splitlines(keepends=True)), "completions", time.perf_counter())
+    assert result.done and result.text_chunks == 1  # the comment does not disturb the stream
+    trace = result.server_trace
+    assert trace is not None and trace["request_id"] == "req-9" and trace["path"] == "local"
+    assert {"ingress_received", "replica_first_out", "ingress_first_out"} <= set(trace["t_ms"])
