@@ -165,6 +165,21 @@ def expand(node: Any, defs: dict) -> Any:
 
 # ------------------------------------------------------------------------------------------------
 
+def ray_accelerator_types() -> list[str]:
+    """The accelerator types Ray Serve LLM accepts (LLMConfig.accelerator_type: the constants of
+    ray.util.accelerators.accelerators, plus the A10 alias it maps to A10G), read from the pinned Ray's
+    source file without importing Ray."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray")
+    if spec is None or spec.origin is None:
+        sys.exit("hack/values-schema.py needs the project venv (Ray): run it with `hack/pyenv.sh python`")
+    path = Path(spec.origin).parent / "util" / "accelerators" / "accelerators.py"
+    consts = {}
+    exec(compile(path.read_text(), str(path), "exec"), {}, consts)  # a module of string constants
+    return sorted({v for k, v in consts.items() if k.isupper() and isinstance(v, str)} | {"A10"})
+
+
 def build() -> tuple[str, str]:
     from serve_app import config
 
@@ -180,6 +195,9 @@ def build() -> tuple[str, str]:
             defs[d] = merge(schema, defs[d], ref_wins=True)
         else:
             props[name] = merge(schema, target or {}, ref_wins=True)
+
+    # Ray's accelerator types: an unknown one passes the app's model but Ray refuses it at deploy time
+    defs["acceleratorType"]["enum"] = [""] + ray_accelerator_types()
 
     # reserved engine arguments: the app's table, once, here
     reserved = {k: camel_path(v) for k, v in config.RESERVED_ENGINE_ARGS.items()}

@@ -7,7 +7,9 @@ only pydantic so the chart tests can use it without Ray or vLLM.
 
 Field names are snake_case (Ray Serve LLM's style). The chart's values are a plain mirror: the
 same fields at the same paths, camelCase (`kv_transfer.allow_prefill_tp_greater_than_decode` is
-`kvTransfer.allowPrefillTPGreaterThanDecode`), next to Kubernetes-only keys the app never sees.
+`kvTransfer.allowPrefillTpGreaterThanDecode`), next to Kubernetes-only keys the app never sees. The
+chart's values.schema.json takes these fields' rules from this module (hack/values-schema.py), so a new
+field here needs a documented values key there (tests/chart says which).
 Naming: `engine_env` is the engine processes' environment (Ray runtime_env), `frontend` the
 OpenAI-compatible front deployment.
 """

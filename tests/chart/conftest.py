@@ -60,7 +60,7 @@ def tool(name: str) -> str:
 
 
 def schema_dir(prefix: str) -> Path:
-    """Offline JSON schema dir, e.g. schema_dir('kuberay') -> $RLD_CACHE/schemas/kuberay-v1.5.0."""
+    """Offline JSON schema dir, e.g. schema_dir('kuberay') -> $RLD_CACHE/schemas/kuberay-<KUBERAY_VERSION>."""
     want = {"kuberay": versions_env()["KUBERAY_VERSION"], "k8s": versions_env()["K8S_VERSION"],
             "prometheus-operator": versions_env()["PROMETHEUS_OPERATOR_VERSION"]}[prefix]
     path = SCHEMAS / f"{prefix}-{want}"

@@ -460,7 +460,7 @@ def check_worker_group(r: Rendered, role: str) -> None:
                  if t["podAffinityTerm"]["topologyKey"] == zk]
     user_pa = (rv["affinity"] or {}).get("podAffinity") or {}
     required = [t for t in required if t not in (user_pa.get("requiredDuringSchedulingIgnoredDuringExecution") or [])]
-    if disagg and v["scheduling"]["sameZone"]["enabled"]:
+    if (disagg or v["efa"]["enabled"]) and v["scheduling"]["sameZone"]["enabled"]:
         ours = required if v["efa"]["enabled"] else preferred
         assert len(ours) == 1, "EFA does not cross zones: same zone is required with EFA, preferred otherwise"
         assert not (preferred if v["efa"]["enabled"] else required)
@@ -665,6 +665,12 @@ def check_pdbs(r: Rendered) -> None:
         assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
+def serve_url(r: Rendered) -> str:
+    """The OpenAI API inside the cluster: serve Service, port, route prefix."""
+    v = r.values
+    return f"http://{fullname(r)}-serve-svc.{namespace(v)}.svc:{v['serve']['port']}{v['serve']['routePrefix'].rstrip('/')}"
+
+
 def is_hook(d: dict) -> bool:
     return bool((d["metadata"].get("annotations") or {}).get("helm.sh/hook"))
 
@@ -683,7 +689,7 @@ def check_test_hook(r: Rendered) -> None:
     assert c["image"] == f"{t['image']['repository']}:{t['image']['tag']}"
     assert c["resources"] == t["resources"]
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["URL"] == f"http://{fullname(r)}-serve-svc.{namespace(r.values)}.svc:{r.values['serve']['port']}/v1/models"
+    assert env["URL"] == f"{serve_url(r)}/v1/models"
     assert env["MODEL_ID"] == r.values["model"]["id"]
     keys = r.values["auth"]["apiKeySecret"]
     assert env["API_KEY_FILE"] == (f"/etc/api-keys/{keys['key']}" if keys["name"] else "")
@@ -711,7 +717,7 @@ def check_efa_preflight(r: Rendered) -> None:
     c = container(pod)
     assert c["image"] == image_of(v)
     args = dict(a.lstrip("-").split("=", 1) for a in c["args"])
-    assert args["url"] == f"http://{fullname(r)}-serve-svc.{namespace(v)}.svc:{v['serve']['port']}"
+    assert args["url"] == serve_url(r)
     assert args["model"] == v["model"]["id"]
     sel = dict(kv.split("=") for kv in args["decode-selector"].split(","))
     assert sel == group_selector(r, "decode")

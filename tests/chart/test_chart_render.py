@@ -1,5 +1,5 @@
 """Render every example and a matrix of overrides; check the objects field by field, validate them
-offline against the KubeRay v1.5.0 CRD and Kubernetes schemas (kubeconform -strict), and validate
+offline against the KubeRay CRD (KUBERAY_VERSION) and Kubernetes schemas (kubeconform -strict), and validate
 the serve args with the app's own pydantic models (serve_app.config.AppConfig)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .conftest import EXAMPLES, container, env_of, kubeconform, kubeconform_many, render
+from .conftest import CI_VALUES, EXAMPLES, container, env_of, kubeconform, kubeconform_many, render
 from .expect import check_all, check_serve_config, hosts, roles_of
 
 P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
@@ -208,6 +208,14 @@ MATRIX: dict[str, dict] = {
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ .Release.Name }}-extra\nstringData:\n  a: b\n"]},
     "scale-to-zero-decode": {"decode": {"replicas": 0, "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2}}},
     "aggregated-ignores-prefill-mistakes": {"mode": "aggregated", "prefill": {"replicas": 0, "pipelineParallelSize": 2}},
+    "route-prefix-under-ingress-path": {"serve": {"routePrefix": "/llm"},
+                                        "ingress": {"enabled": True, "path": "/llm", "host": "a.example.com",
+                                                    "tls": [{"hosts": ["*.example.com"]}]}},
+    "image-tag-quoted": {"image": {"tag": "1.10"}, "tests": {"image": {"tag": "8.11.1"}}},
+    "aggregated-multi-host-efa-same-zone": {"mode": "aggregated", "efa": {"enabled": True},
+                                            "decode": {**GPU8, "tensorParallelSize": 8, "pipelineParallelSize": 2,
+                                                       "nodeSelector": P5}},
+    "serve-request-timeout-above-first-token": {"serve": {"httpOptions": {"request_timeout_s": 600}}, "timeouts": {"firstTokenS": 300}},
 }
 
 
@@ -228,6 +236,7 @@ def test_example_structure(example):
 def schema_results() -> dict:
     """Every example and matrix render, validated by one kubeconform run."""
     renders = {f"example:{e.stem}": render([e]) for e in EXAMPLES}
+    renders.update({f"ci:{c.stem}": render([c]) for c in CI_VALUES})
     renders.update({f"matrix:{c}": render(values=v) for c, v in MATRIX.items()})
     results = kubeconform_many({k: r.stdout for k, r in renders.items()})
     return {k: (renders[k], results[k]) for k in renders}
@@ -236,6 +245,19 @@ def schema_results() -> dict:
 @pytest.mark.parametrize("example", EXAMPLES, ids=_id)
 def test_example_validates_against_kuberay_and_k8s_schemas(example, schema_results):
     _schema_ok(*schema_results[f"example:{example.stem}"])
+
+
+@pytest.mark.parametrize("ci", CI_VALUES, ids=_id)
+def test_ci_values_validate_against_kuberay_and_k8s_schemas(ci, schema_results):
+    check_all(render([ci]))
+    _schema_ok(*schema_results[f"ci:{ci.stem}"])
+
+
+def test_every_kind_the_chart_renders_is_validated(schema_results):
+    """The matrix covers every kind (hooks included), each against its strict schema."""
+    kinds = {res["kind"] for _, results in schema_results.values() for res in results}
+    assert kinds >= {"RayService", "ServiceAccount", "Ingress", "NetworkPolicy", "PodDisruptionBudget", "Pod",
+                     "ConfigMap", "Role", "RoleBinding", "Secret"}
 
 
 def test_the_three_examples_exist():
@@ -391,6 +413,16 @@ def test_kubeconform_really_checks_the_kuberay_schema():
     proc = kubeconform(yaml.safe_dump_all(docs))
     assert proc.returncode != 0
     assert "numHosts" in proc.stdout
+    # and the Kubernetes kinds: a NetworkPolicy rule with a typo, a PDB with both forms
+    docs = [dict(d) for d in r.docs if d["kind"] in ("NetworkPolicy", "PodDisruptionBudget")]
+    assert {d["kind"] for d in docs} == {"NetworkPolicy", "PodDisruptionBudget"}
+    for d in docs:
+        if d["kind"] == "NetworkPolicy":
+            d["spec"]["ingress"][0]["form"] = d["spec"]["ingress"][0].pop("from")
+        else:
+            d["spec"]["minAvaliable"] = 1
+    proc = kubeconform(yaml.safe_dump_all(docs))
+    assert proc.returncode != 0 and "form" in proc.stdout and "minAvaliable" in proc.stdout
 
 
 def test_global_values_from_an_umbrella_chart():

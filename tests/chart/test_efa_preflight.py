@@ -178,3 +178,24 @@ def test_rendered_pod_arguments_parse(pf):
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/preflight", "/etc/api-keys"}
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_reads_a_real_decode_scrape(pf):
+    """A real Ray metrics-agent scrape of a disaggregated GPU run (bench/results/h200x2-2026-11-30, 2x H200,
+    NIXL over UCX): the decode node's KV counters are what the preflight reads; the prefill node's are empty."""
+    import gzip
+
+    from .conftest import REPO
+
+    text = gzip.decompress((REPO / "bench/results/h200x2-2026-11-30/metrics_disagg.txt.gz").read_bytes()).decode()
+    nodes = {}
+    for block in text.split("### node ")[1:]:
+        name, _, body = block.partition("\n")
+        nodes[name.strip()] = body
+    decode = pf.KV.from_metrics(nodes["decode"])
+    assert decode.seen and decode.transfers == 129 and decode.bytes == 5.083496448e10
+    assert decode.external_tokens == 527872 and decode.failed == 0
+    assert not pf.KV.from_metrics(nodes["prefill"]).bytes, "prefill sends KV; the transfer metrics are decode's"
+    # that run moved its KV over UCX on one host: on an EFA node the preflight would have said so
+    v = pf.judge(decode, efa_delta=0, devices=["rdmap16s27"], min_fraction=0.5)
+    assert not v.ok and "without LIBFABRIC" in " ".join(v.reasons)

@@ -82,5 +82,30 @@ timeouts.firstTokenS for a first token, so the load balancer's idle/read timeout
 {{- $errs = append $errs "ingress.annotations.nginx.ingress.kubernetes.io/proxy-buffering: on holds streamed tokens back in nginx's buffers; leave it off (the chart's default)." -}}
 {{- end -}}
 {{- end -}}
+{{- /* what the Ingress routes must reach the app: no path rewriting (an ALB cannot rewrite) */ -}}
+{{- $path := printf "%s/" (trimSuffix "/" $I.path) -}}
+{{- $api := printf "%s/v1/" (trimSuffix "/" $.Values.serve.routePrefix) -}}
+{{- if not (or (hasPrefix $path $api) (hasPrefix $api $path)) -}}
+{{- $errs = append $errs (printf "ingress.path: %s does not lead to the app, whose API is %sv1/... (serve.routePrefix %s): the Ingress forwards paths unchanged, so requests would 404. Use an ingress.path that prefixes %s, or move serve.routePrefix under it." $I.path (trimSuffix "/" $.Values.serve.routePrefix | printf "%s/") $.Values.serve.routePrefix $api) -}}
+{{- end -}}
+{{- /* TLS: the host must be covered; non-ALB classes need the certificate Secret */ -}}
+{{- if and $I.tls $I.host -}}
+{{- $covered := false -}}
+{{- range $t := $I.tls -}}
+{{- range $h := default list $t.hosts -}}
+{{- if or (eq $h $I.host) (and (hasPrefix "*." $h) (hasSuffix (trimPrefix "*" $h) $I.host) (not (contains "." (trimSuffix (trimPrefix "*" $h) $I.host)))) -}}{{- $covered = true -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $covered -}}
+{{- $errs = append $errs (printf "ingress.tls: no entry covers ingress.host %s in its hosts, so HTTPS for it would get another certificate (ALB picks certificates by these hosts). Add it to ingress.tls[].hosts." $I.host) -}}
+{{- end -}}
+{{- end -}}
+{{- if ne $I.className "alb" -}}
+{{- range $i, $t := $I.tls -}}
+{{- if not $t.secretName -}}
+{{- $errs = append $errs (printf "ingress.tls[%d].secretName: required for ingress class %q (only the ALB controller takes certificates from ACM); without it the controller serves its default certificate." $i $I.className) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- toJson $errs -}}
 {{- end -}}

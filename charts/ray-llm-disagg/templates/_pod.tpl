@@ -177,18 +177,20 @@ env, on every group HF_TOKEN (a secretKeyRef, never inlined), then extraEnv and 
 
 {{/*
 Affinity of a group's pods ({root, group}; YAML): the user's, plus on workers in disaggregated mode the
-role anti-affinity (preferred: prefill and decode pods of this release on different nodes) and the
-same-zone term over this release's worker pods: REQUIRED with EFA (it does not cross availability zones),
-preferred otherwise.
+role anti-affinity (preferred: prefill and decode pods of this release on different nodes), and the
+same-zone term over this release's worker pods: REQUIRED with EFA in any mode (EFA does not cross
+availability zones: neither the KV transfer nor a multi-host replica's NCCL traffic), preferred otherwise
+in disaggregated mode.
 */}}
 {{- define "ray-llm-disagg.affinity" -}}
 {{- $root := .root -}}
 {{- $V := $root.Values -}}
 {{- $aff := deepCopy (default dict (index $V .group).affinity) -}}
-{{- if and (ne .group "head") (ne $V.mode "aggregated") -}}
+{{- $disagg := ne $V.mode "aggregated" -}}
+{{- if and (ne .group "head") (or $disagg $V.efa.enabled) -}}
 {{- $release := include "ray-llm-disagg.selectorLabels" $root | fromYaml -}}
 {{- $S := $V.scheduling -}}
-{{- if $S.roleAntiAffinity.enabled -}}
+{{- if and $disagg $S.roleAntiAffinity.enabled -}}
 {{- $other := ternary "decode" "prefill" (eq .group "prefill") -}}
 {{- $sel := merge (dict $V.placement.roleLabelKey $other) $release -}}
 {{- $term := dict "weight" (int $S.roleAntiAffinity.weight) "podAffinityTerm" (dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $sel)) -}}

@@ -207,6 +207,13 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- end -}}
 {{- end -}}
 
+{{- /* Serve's proxy must not time requests out before the app's first-token deadline */ -}}
+{{- with (default dict $V.serve.httpOptions).request_timeout_s -}}
+{{- if lt (float64 .) (float64 $V.timeouts.firstTokenS) -}}
+{{- $errs = append $errs (printf "serve.httpOptions.request_timeout_s: %v s is shorter than timeouts.firstTokenS (%v s): Serve would time out requests the app still waits for. Raise it, or lower timeouts.firstTokenS." . $V.timeouts.firstTokenS) -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* The app's API keys: one source */ -}}
 {{- if and $apiKeys (index (default dict $V.auth) "apiKeysFile") -}}
 {{- $errs = append $errs "auth.apiKeysFile: set together with auth.apiKeySecret, which already sets the app's keys file; use one of them." -}}
