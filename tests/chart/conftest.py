@@ -61,10 +61,11 @@ def tool(name: str) -> str:
 
 def schema_dir(prefix: str) -> Path:
     """Offline JSON schema dir, e.g. schema_dir('kuberay') -> $RLD_CACHE/schemas/kuberay-<KUBERAY_VERSION>."""
-    want = {"kuberay": versions_env()["KUBERAY_VERSION"], "k8s": versions_env()["K8S_VERSION"]}[prefix]
+    want = {"kuberay": versions_env()["KUBERAY_VERSION"], "k8s": versions_env()["K8S_VERSION"],
+            "prometheus-operator": versions_env()["PROMETHEUS_OPERATOR_VERSION"]}[prefix]
     path = SCHEMAS / f"{prefix}-{want}"
     if not path.is_dir():
-        pytest.fail(f"{path} not found: build the schemas with `hack/toolchain.sh --only schemas`")
+        pytest.fail(f"{path} not found: build the schemas with `hack/toolchain.sh --only pytools,schemas,promop-schemas`")
     return path
 
 
@@ -252,13 +253,14 @@ def render_error(values_files: Iterable[Path] = (), values: Optional[dict | list
 
 
 def _kubeconform_cmd() -> list[str]:
-    """kubeconform, offline: KubeRay CRD schemas + Kubernetes core schemas from the cache, -strict,
+    """kubeconform, offline: KubeRay and Prometheus Operator CRD schemas + Kubernetes core schemas from the cache, -strict,
     never the default (remote) schema location."""
-    k8s, kuberay = schema_dir("k8s"), schema_dir("kuberay")
+    k8s, kuberay, promop = schema_dir("k8s"), schema_dir("kuberay"), schema_dir("prometheus-operator")
     return [tool("kubeconform"), "-strict", "-summary", "-output", "json",
             "-kubernetes-version", KUBE_VERSION,
             "-schema-location", f"{k8s}/{{{{.ResourceKind}}}}{{{{.KindSuffix}}}}.json",
-            "-schema-location", f"{kuberay}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json"]
+            "-schema-location", f"{kuberay}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json",
+            "-schema-location", f"{promop}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json"]
 
 
 def kubeconform(manifests: str) -> subprocess.CompletedProcess:
