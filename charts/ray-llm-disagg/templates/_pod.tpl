@@ -77,7 +77,8 @@ Returns the PodTemplateSpec as YAML.
 
 {{/*
 Container env of a group ({root, group}; YAML list): on workers the NIXL side channel and EFA's libfabric
-env, on every group HF_TOKEN (a secretKeyRef, never inlined), then extraEnv and the group's extraEnv
+env, on every group HF_TOKEN (a secretKeyRef, never inlined) and Serve's high-throughput mode
+(serve.highThroughput), then extraEnv and the group's extraEnv
 (the group's entry replaces a same-named global one: no duplicate names).
 */}}
 {{- define "ray-llm-disagg.env" -}}
@@ -102,6 +103,11 @@ env, on every group HF_TOKEN (a secretKeyRef, never inlined), then extraEnv and 
 {{- end -}}
 {{- with $V.model.hfTokenSecret.name -}}
 {{- $env = append $env (dict "name" "HF_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" . "key" $V.model.hfTokenSecret.key))) -}}
+{{- end -}}
+{{- if $V.serve.highThroughput -}}
+{{- /* every Ray process reads these at start: the controller, the proxies (HAProxy), every replica */ -}}
+{{- $env = append $env (dict "name" "RAY_SERVE_ENABLE_HA_PROXY" "value" "1") -}}
+{{- $env = append $env (dict "name" "RAY_SERVE_THROUGHPUT_OPTIMIZED" "value" "1") -}}
 {{- end -}}
 {{- $user := list -}}
 {{- $index := dict -}}
