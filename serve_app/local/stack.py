@@ -92,21 +92,7 @@ class LocalStack:
         self.cluster.start()
         self.timings["ray_start"] = time.monotonic() - t1
 
-        side_channels = {r: self.ports.side_channel_base(r) for r in ("prefill", "decode")}
-        self.serve_config = serve_deploy_config(
-            {
-                name: {
-                    "route_prefix": prefix,
-                    "args": with_overrides(
-                        self.app_args(str(model_path), mode=mode, role_label_key=self.role_label_key,
-                                      side_channel_ports=side_channels),
-                        self.overrides.get(name, {}),
-                    ),
-                }
-                for name, (prefix, mode) in self.apps.items()
-            },
-            http_port=self.ports.http,
-        )
+        self.serve_config = self.build_serve_config(model_path)
         config_file = self.cluster.temp_dir / "serve-config.yaml"
         config_file.write_text(yaml.safe_dump(self.serve_config, sort_keys=False))
         t2 = time.monotonic()
@@ -114,6 +100,30 @@ class LocalStack:
         self._deploy_and_wait(deploy_timeout_s)
         self._warm_up()
         self.timings["deploy"] = time.monotonic() - t2
+
+    def build_serve_config(self, model_path: Path) -> dict[str, Any]:
+        """The serve config this stack deploys: one application per entry of `apps`, validated."""
+        kv_apps = [name for name, (_, mode) in self.apps.items() if mode == "disaggregated"]
+
+        def side_channels(name: str) -> dict[str, int]:
+            """Each app that moves KV gets its own NIXL ports (Ray offsets replicas, not apps)."""
+            index = kv_apps.index(name) if name in kv_apps else 0
+            return {r: self.ports.side_channel_base(r, index) for r in ("prefill", "decode")}
+
+        return serve_deploy_config(
+            {
+                name: {
+                    "route_prefix": prefix,
+                    "args": with_overrides(
+                        self.app_args(str(model_path), mode=mode, role_label_key=self.role_label_key,
+                                      side_channel_ports=side_channels(name)),
+                        self.overrides.get(name, {}),
+                    ),
+                }
+                for name, (prefix, mode) in self.apps.items()
+            },
+            http_port=self.ports.http,
+        )
 
     def _deploy_and_wait(self, timeout_s: float) -> None:
         import ray

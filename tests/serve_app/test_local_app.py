@@ -73,11 +73,13 @@ def test_chat_and_completions_stream_and_not(disagg: OpenAI, prompt_words: int) 
     chat = disagg.chat.completions.create(
         model=MODEL_ID, messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0
     )
-    assert chat.choices[0].message.content and chat.choices[0].finish_reason == "length"
+    # The tiny model's weights are random: its 8 tokens may all be special ones that detokenize to "",
+    # so the test checks the tokens were generated, not that they spell something.
+    assert isinstance(chat.choices[0].message.content, str) and chat.choices[0].finish_reason == "length"
     assert chat.usage.completion_tokens == 8
 
     completion = disagg.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=8, temperature=0)
-    assert completion.choices[0].text and completion.usage.completion_tokens == 8
+    assert isinstance(completion.choices[0].text, str) and completion.usage.completion_tokens == 8
 
     chunks = list(
         disagg.chat.completions.create(
