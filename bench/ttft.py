@@ -11,7 +11,8 @@ loopback Ray cluster, the app deployed from a serve config), both up at once wit
 unpaired warm-ups, then paired time to first token at concurrency 1 (bench/paired.py: identical prompts to
 both servers, alternately, timed with the locustfile's own SSE code).
 
-Phase `disaggregated-vs-aggregated` (CPU; GPU needs 2 GPUs and is issue 13's): one stack serving both
+Phase `disaggregated-vs-aggregated` (CPU only; on GPUs the equal-budget comparison is `python -m bench.gpu.pd`):
+one stack serving both
 modes, paired the same way: what prefill on another engine plus the KV hand-off costs at each length.
 
 The app's per-request trace lines (serve_app/hops.py) are joined to the client's measurements by request
