@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional
 
 from bench.ladder import Workload
 from bench.paired import INSTRUCTION, pair_of, stream_once, ttft_rounds
+from bench.report import save_run
 from bench.servers import REPO_ROOT, vllm_server
 from loadtests.openai_load.prompts import Calibration, PromptFactory, calibrate
 from loadtests.openai_load.samples import describe
@@ -490,14 +491,7 @@ def main(argv: list[str] | None = None, device: Optional[str] = None) -> int:
     if second:
         summary["disaggregated_minus_aggregated_p50_ms"] = {
             n: s["vs_aggregated"]["disaggregated"]["median_diff_ms"] for n, s in second.items()}
-    summary["wall_s"] = time.monotonic() - started
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    md = table(summary)
-    (out / "table.md").write_text(md + "\n")
-    plot(summary, out / "ttft.png")
-    print(md)
-    print(f"files in {out}; {summary['wall_s']:.0f} s")
-    return 0
+    return save_run(out, summary, table(summary), plot, "ttft.png", started)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from bench.report import save_run
 from bench.servers import REPO_ROOT, ServerProcess, vllm_server
 from bench.ttft import cpu_app_args, gpu_app_args, median
 from loadtests.openai_load.samples import percentile
@@ -341,14 +342,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         steps += run_mode(mode, a, gpus, out, model, engine, env)
         log(f"{mode}: done in {time.monotonic() - t:.0f} s")
     summary = summarize(steps, a, device, gpus)
-    summary["wall_s"] = time.monotonic() - started
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    md = table(summary)
-    (out / "table.md").write_text(md + "\n")
-    plot(summary, out / "goodput.png")
-    print(md)
-    print(f"files in {out}; {summary['wall_s']:.0f} s")
-    return 0
+    return save_run(out, summary, table(summary), plot, "goodput.png", started)
 
 
 if __name__ == "__main__":

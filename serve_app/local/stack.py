@@ -7,6 +7,7 @@ ServeDeploySchema), the same one KubeRay's RayService uses, with import_path ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -14,7 +15,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 
@@ -188,6 +189,18 @@ class LocalStack:
 
     def _logs(self) -> str:
         return f"{self.cluster.temp_dir}/session_latest/logs (serve/ and worker-*.err)"
+
+    @contextlib.contextmanager
+    def running(self, *, deploy_timeout_s: Optional[float] = None) -> Iterator["LocalStack"]:
+        """Start the stack, yield it, stop it; then fail loudly if any of its processes outlived the stop."""
+        self.start(deploy_timeout_s=deploy_timeout_s)
+        try:
+            yield self
+        finally:
+            self.stop()
+            left = self.cluster.processes()
+            if left:
+                raise RuntimeError(f"processes left after stopping the local stack: {[p.pid for p in left]}")
 
     def stop(self, keep_logs: bool = False) -> int:
         keep = keep_logs or os.environ.get("RLD_KEEP_RAY_LOGS") == "1"

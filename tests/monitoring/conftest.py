@@ -10,19 +10,14 @@ from typing import Iterator
 
 import pytest
 
-from monitoring_live import Scrape, observe, start_stack
+from monitoring_live import Scrape, observe, new_stack
 from serve_app.local.stack import LocalStack
 
 
 @pytest.fixture(scope="package")
 def stack() -> Iterator[LocalStack]:
-    local = start_stack()
-    try:
+    with new_stack().running(deploy_timeout_s=900) as local:
         yield local
-    finally:
-        local.stop()
-        leftovers = local.cluster.processes()
-        assert not leftovers, f"processes left after stopping the test cluster: {[p.pid for p in leftovers]}"
 
 
 @pytest.fixture(scope="package")

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO)]
 
-from monitoring_live import Sample, Scrape, Traffic, log, provoke_nixl_failures, scrape_all, start_stack  # noqa: E402
+from monitoring_live import Sample, Scrape, Traffic, log, provoke_nixl_failures, scrape_all, new_stack  # noqa: E402
 
 WINDOW_S = 10.0
 TTFT_SLO_S = 2.5  # the chart's default monitoring.slo.ttft.thresholdSeconds
@@ -97,8 +97,7 @@ def gauge(scrapes: list[Scrape], name: str, **labels: str) -> tuple[list[float],
 
 
 def collect() -> list[Scrape]:
-    stack = start_stack()
-    try:
+    with new_stack().running(deploy_timeout_s=900) as stack:
         scrapes: list[Scrape] = []
         t0 = time.monotonic()
 
@@ -121,8 +120,6 @@ def collect() -> list[Scrape]:
         provoke_nixl_failures(stack)
         scrape_for(45)
         return scrapes
-    finally:
-        stack.stop()
 
 
 def render(scrapes: list[Scrape], out: Path) -> None:

@@ -56,10 +56,8 @@ class Scrape:
     samples: list[Sample]
 
 
-def start_stack() -> LocalStack:
-    stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=PORTS)
-    stack.start(deploy_timeout_s=900)
-    return stack
+def new_stack() -> LocalStack:
+    return LocalStack(apps={APP: ("/", "disaggregated")}, ports=PORTS)
 
 
 def scrape_node(stack: LocalStack, node: str) -> list[Sample]:

@@ -24,13 +24,8 @@ def stack() -> Iterator[LocalStack]:
         apps={"disagg": ("/", "disaggregated"), "agg": ("/agg", "aggregated")},
         ports=TESTS_SERVE_APP,
     )
-    local.start(deploy_timeout_s=900)
-    try:
+    with local.running(deploy_timeout_s=900):
         yield local
-    finally:
-        local.stop()
-        leftovers = local.cluster.processes()
-        assert not leftovers, f"processes left after stopping the test cluster: {[p.pid for p in leftovers]}"
 
 
 @pytest.fixture(scope="package")
