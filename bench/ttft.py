@@ -198,7 +198,9 @@ def cpu_profile(a: argparse.Namespace) -> Profile:
     env = dict(cpu_config.CPU_LOOPBACK_ENV)
     return Profile(
         device=f"{os.cpu_count()}xCPU", compiled=False, model_path=ensure_tiny_model(), engine_args=engine,
-        engine_env=env, vllm_env={**env, "VLLM_CPU_OMP_THREADS_BIND": cpu_config.CORE_OF_ROLE["decode"]},
+        # Direct vLLM on the prefill core: phase 1 runs no prefill engine, so each engine has a core to itself
+        # (two engines bound to one core slow each other down, unevenly).
+        engine_env=env, vllm_env={**env, "VLLM_CPU_OMP_THREADS_BIND": cpu_config.CORE_OF_ROLE["prefill"]},
         app_args=functools.partial(cpu_app_args, overrides=a.app_arg), nodes=DEFAULT_NODES, gpus=0)
 
 
@@ -320,8 +322,8 @@ def _fmt(v: Optional[float], unit: str = " ms") -> str:
 def table(summary: dict[str, Any]) -> str:
     out: list[str] = []
     for phase, by_len in summary["phases"].items():
-        baseline = phase.split("-vs-")[0]
         first = next(iter(by_len.values()))
+        baseline = next(k for k in first if k.startswith("vs_"))[len("vs_"):]
         servers, apps = list(first["servers"]), list(first["app"])
         compared = [m for m in servers if m != baseline]
         out += [f"### {phase.replace('-vs-', ' vs ')} ({summary['device']}, "

@@ -112,9 +112,11 @@ class HopClock:
             self.stamps[name] = time.time() if at is None else at
 
     def segments(self) -> dict[str, float]:
-        """Seconds per segment, for the segments whose two stamps exist."""
+        """Seconds per segment whose two stamps exist; once the path is known, only that path's segments
+        (on the remote path `replica_received -> engine_called` spans the whole prefill, not a hop)."""
         s = self.stamps
-        return {name: s[b] - s[a] for name, (a, b) in SEGMENTS.items() if a in s and b in s}
+        names = (*PATH_SEGMENTS[self.path], "ingress_total") if self.path in PATH_SEGMENTS else SEGMENTS
+        return {name: s[b] - s[a] for name in names for a, b in [SEGMENTS[name]] if a in s and b in s}
 
     def trace(self, request_id: str) -> dict[str, Any]:
         t0 = self.stamps.get("ingress_received", min(self.stamps.values(), default=0.0))
