@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from bench.ladder import LevelResult
 
@@ -120,3 +120,18 @@ if __name__ == "__main__":  # re-render a run: python -m bench.report bench/out/
     print(table(rs))
     plot(rs, folder / "latency.png", sys.argv[2] if len(sys.argv) > 2 else folder.name)
     print(f"wrote {folder / 'latency.png'}")
+
+
+def save_run(out: Path, summary: dict, table_md: str, plot: Callable[[dict, Path], None], plot_name: str,
+             started: float) -> int:
+    """Write a finished run's summary.json, table.md and plot into `out`, print the table; exit status 0."""
+    import json
+    import time
+
+    summary["wall_s"] = time.monotonic() - started
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "table.md").write_text(table_md + "\n")
+    plot(summary, out / plot_name)
+    print(table_md)
+    print(f"files in {out}; {summary['wall_s']:.0f} s")
+    return 0

@@ -11,7 +11,8 @@ loopback Ray cluster, the app deployed from a serve config), both up at once wit
 unpaired warm-ups, then paired time to first token at concurrency 1 (bench/paired.py: identical prompts to
 both servers, alternately, timed with the locustfile's own SSE code).
 
-Phase `disaggregated-vs-aggregated` (CPU; GPU needs 2 GPUs and is issue 13's): one stack serving both
+Phase `disaggregated-vs-aggregated` (CPU only; on GPUs the equal-budget comparison is `python -m bench.gpu.pd`):
+one stack serving both
 modes, paired the same way: what prefill on another engine plus the KV hand-off costs at each length.
 
 The app's per-request trace lines (serve_app/hops.py) are joined to the client's measurements by request
@@ -40,6 +41,7 @@ from typing import Any, Callable, Optional
 
 from bench.ladder import Workload
 from bench.paired import INSTRUCTION, pair_of, stream_once, ttft_rounds
+from bench.report import save_run
 from bench.servers import BENCH_API_KEY, REPO_ROOT, vllm_server
 from loadtests.openai_load.prompts import Calibration, PromptFactory, calibrate
 from loadtests.openai_load.samples import describe
@@ -196,7 +198,9 @@ def cpu_profile(a: argparse.Namespace) -> Profile:
     env = dict(cpu_config.CPU_LOOPBACK_ENV)
     return Profile(
         device=f"{os.cpu_count()}xCPU", compiled=False, model_path=ensure_tiny_model(), engine_args=engine,
-        engine_env=env, vllm_env={**env, "VLLM_CPU_OMP_THREADS_BIND": cpu_config.CORE_OF_ROLE["decode"]},
+        # Direct vLLM on the prefill core: phase 1 runs no prefill engine, so each engine has a core to itself
+        # (two engines bound to one core slow each other down, unevenly).
+        engine_env=env, vllm_env={**env, "VLLM_CPU_OMP_THREADS_BIND": cpu_config.CORE_OF_ROLE["prefill"]},
         app_args=functools.partial(cpu_app_args, overrides=a.app_arg), nodes=DEFAULT_NODES, gpus=0)
 
 
@@ -318,8 +322,8 @@ def _fmt(v: Optional[float], unit: str = " ms") -> str:
 def table(summary: dict[str, Any]) -> str:
     out: list[str] = []
     for phase, by_len in summary["phases"].items():
-        baseline = phase.split("-vs-")[0]
         first = next(iter(by_len.values()))
+        baseline = next(k for k in first if k.startswith("vs_"))[len("vs_"):]
         servers, apps = list(first["servers"]), list(first["app"])
         compared = [m for m in servers if m != baseline]
         out += [f"### {phase.replace('-vs-', ' vs ')} ({summary['device']}, "
@@ -490,14 +494,7 @@ def main(argv: list[str] | None = None, device: Optional[str] = None) -> int:
     if second:
         summary["disaggregated_minus_aggregated_p50_ms"] = {
             n: s["vs_aggregated"]["disaggregated"]["median_diff_ms"] for n, s in second.items()}
-    summary["wall_s"] = time.monotonic() - started
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    md = table(summary)
-    (out / "table.md").write_text(md + "\n")
-    plot(summary, out / "ttft.png")
-    print(md)
-    print(f"files in {out}; {summary['wall_s']:.0f} s")
-    return 0
+    return save_run(out, summary, table(summary), plot, "ttft.png", started)
 
 
 if __name__ == "__main__":

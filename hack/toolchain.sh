@@ -14,7 +14,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Build order matters: helm is needed first by the chart work; the k8s binaries take longest.
-TOOLS=(helm kubeconform ct pytools schemas ray-operator kwok etcd k8s)
+TOOLS=(helm kubeconform ct pytools schemas promop-schemas promtool promql ray-operator kwok etcd k8s)
 BIN="$RLD_CACHE/bin"
 export GOFLAGS="-p=${RLD_GO_JOBS:-2} -buildvcs=false"
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
@@ -136,6 +136,51 @@ schemas_build() {
   touch "$out/.complete"
 }
 
+# Prometheus Operator CRD schemas (PodMonitor, ServiceMonitor, PrometheusRule, ...) for kubeconform, from the
+# operator's Go module (example/prometheus-operator-crd), converted like KubeRay's.
+schemas_promop() { echo "$RLD_CACHE/schemas/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"; }
+promop-schemas_want()    { echo "$PROMETHEUS_OPERATOR_VERSION"; }
+promop-schemas_current() { [ ! -f "$(schemas_promop)/.complete" ] || echo "$PROMETHEUS_OPERATOR_VERSION"; }
+promop-schemas_build() {
+  local py kc po out
+  py="$(pytools_dir)/bin/python"
+  [ -x "$py" ] || rld::die "schemas need the pytools venv (pyyaml): run hack/toolchain.sh --only pytools,promop-schemas"
+  kc="$(rld::moddir "github.com/yannh/kubeconform@$KUBECONFORM_VERSION")"
+  po="$(rld::moddir "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION")"
+  out="$(schemas_promop)"; rm -rf "$out"; mkdir -p "$out"
+  (cd "$out" && "$py" "$kc/scripts/openapi2jsonschema.py" "$po"/example/prometheus-operator-crd/monitoring.coreos.com_*.yaml >/dev/null) ||
+    rld::die "openapi2jsonschema.py failed on $po/example/prometheus-operator-crd"
+  for k in podmonitor servicemonitor prometheusrule; do
+    [ -f "$out/${k}_v1.json" ] || rld::die "no ${k}_v1.json produced in $out"
+  done
+  touch "$out/.complete"
+}
+
+# promtool (rule checks and rule unit tests) from github.com/prometheus/prometheus. Its Go module versions
+# map to releases as v0.3MM.P = Prometheus 3.MM.P.
+prom_release() { local v="${PROMETHEUS_VERSION#v0.}"; printf '%d.%d.%s' $(( ${v%%.*} / 100 )) $(( ${v%%.*} % 100 )) "${v#*.}"; }
+promtool_dir()     { dir_of promtool "$PROMETHEUS_VERSION"; }
+promtool_want()    { prom_release; }
+promtool_current() { local b; b="$(promtool_dir)/promtool"; [ ! -x "$b" ] || "$b" --version | awk 'NR == 1 {print $3}'; }
+promtool_build() {
+  go_install "$(promtool_dir)" "-X github.com/prometheus/common/version.Version=$(prom_release)" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+}
+
+# promql-selectors (hack/promql): Prometheus' PromQL parser as a command; lists the series each query selects.
+promql_dir()     { dir_of promql "$PROMETHEUS_VERSION"; }
+promql_want()    { echo "$PROMETHEUS_VERSION"; }
+promql_current() { go_mod_version "$(promql_dir)/promql-selectors" github.com/prometheus/prometheus; }
+promql_build() {
+  local w="$RLD_ROOT/hack/promql"
+  ensure_wrapper "$w" "github.com/prometheus/prometheus $PROMETHEUS_VERSION" gen_promql_wrapper
+  (cd "$w" && go build -trimpath -ldflags "-s -w" -o "$(promql_dir)/promql-selectors" .) ||
+    rld::die "go build in $w failed (see the go output above)"
+}
+gen_promql_wrapper() {
+  printf 'module ray-llm-disagg.local/promql\n\ngo 1.24.0\n\nrequire github.com/prometheus/prometheus %s\n' "$PROMETHEUS_VERSION" > go.mod
+}
+
 ray-operator_dir()     { dir_of ray-operator "$KUBERAY_VERSION"; }
 ray-operator_want()    { echo "$KUBERAY_VERSION"; }
 ray-operator_current() { go_mod_version "$(ray-operator_dir)/ray-operator" github.com/ray-project/kuberay/ray-operator; }
@@ -232,6 +277,8 @@ link_bin() {
   done <<EOF
 helm $(helm_dir)/helm
 kubeconform $(kubeconform_dir)/kubeconform
+promtool $(promtool_dir)/promtool
+promql-selectors $(promql_dir)/promql-selectors
 ct $(ct_dir)/ct
 yamllint $(pytools_dir)/bin/yamllint
 yamale $(pytools_dir)/bin/yamale
@@ -246,7 +293,7 @@ print_env() {
   cat <<EOF
 export PATH="$BIN:\$PATH"
 export CT_CONFIG_DIR="$(ct_dir)/etc"
-export RLD_KUBECONFORM_SCHEMAS="-schema-location $(schemas_k8s)/{{.ResourceKind}}{{.KindSuffix}}.json -schema-location $(schemas_kuberay)/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json"
+export RLD_KUBECONFORM_SCHEMAS="-schema-location $(schemas_k8s)/{{.ResourceKind}}{{.KindSuffix}}.json -schema-location $(schemas_kuberay)/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json -schema-location $(schemas_promop)/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json"
 EOF
 }
 

@@ -62,9 +62,14 @@ def parse_docs(text: str) -> dict[str, str]:
 
 
 def resolve(schema: dict, node: dict | None) -> dict:
-    while node and "$ref" in node:
-        ref = node["$ref"].split("/")[-1]
-        node = schema["definitions"][ref]
+    """Follow $refs, and look through the generated reason carriers (`anyOf: [rule, {const: "rule: ..."}]`)."""
+    while node:
+        if "$ref" in node:
+            node = schema["definitions"][node["$ref"].split("/")[-1]]
+        elif "anyOf" in node and len(node["anyOf"]) == 2 and str(node["anyOf"][1].get("const", "")).startswith("rule: "):
+            node = node["anyOf"][0]
+        else:
+            break
     return node or {}
 
 

@@ -50,13 +50,7 @@ def llm_configs(app: AppConfig) -> dict[str, LLMConfig]:
 
 def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
     app = parse_app_config(args)
-    configs = llm_configs(app)
-    for role, config in configs.items():
-        if config.engine_kwargs.get("data_parallel_size", 1) > 1:
-            raise AppConfigError(
-                f"{role}.engine_args.data_parallel_size > 1 is not supported by serve_app yet; "
-                f"scale with {role}.replicas instead"
-            )
+    configs = llm_configs(app)  # (AppConfig refuses engine_args.data_parallel_size > 1)
 
     if app.mode == "disaggregated":
         pd = PDServingArgs.model_validate(

@@ -7,7 +7,9 @@ only pydantic so the chart tests can use it without Ray or vLLM.
 
 Field names are snake_case (Ray Serve LLM's style). The chart's values are a plain mirror: the
 same fields at the same paths, camelCase (`kv_transfer.allow_prefill_tp_greater_than_decode` is
-`kvTransfer.allowPrefillTPGreaterThanDecode`), next to Kubernetes-only keys the app never sees.
+`kvTransfer.allowPrefillTpGreaterThanDecode`), next to Kubernetes-only keys the app never sees. The
+chart's values.schema.json takes these fields' rules from this module (hack/values-schema.py), so a new
+field here needs a documented values key there (tests/chart says which).
 Naming: `engine_env` is the engine processes' environment (Ray runtime_env), `frontend` the
 OpenAI-compatible front deployment.
 """
@@ -101,6 +103,12 @@ class RoleSpec(StrictModel):
                 raise ValueError(
                     f"engine_args.{key} is set by the app; set {RESERVED_ENGINE_ARGS[key]} instead"
                 )
+        dp = self.engine_args.get("data_parallel_size", 1)
+        if not isinstance(dp, int) or dp > 1:
+            raise ValueError(
+                f"engine_args.data_parallel_size ({dp}): serve_app does not run vLLM data parallelism; "
+                "scale with replicas instead"
+            )
         return self
 
     @model_validator(mode="after")

@@ -112,9 +112,11 @@ class HopClock:
             self.stamps[name] = time.time() if at is None else at
 
     def segments(self) -> dict[str, float]:
-        """Seconds per segment, for the segments whose two stamps exist."""
+        """Seconds per segment whose two stamps exist; once the path is known, only that path's segments
+        (on the remote path `replica_received -> engine_called` spans the whole prefill, not a hop)."""
         s = self.stamps
-        return {name: s[b] - s[a] for name, (a, b) in SEGMENTS.items() if a in s and b in s}
+        names = (*PATH_SEGMENTS[self.path], "ingress_total") if self.path in PATH_SEGMENTS else SEGMENTS
+        return {name: s[b] - s[a] for name in names for a, b in [SEGMENTS[name]] if a in s and b in s}
 
     def trace(self, request_id: str) -> dict[str, Any]:
         t0 = self.stamps.get("ingress_received", min(self.stamps.values(), default=0.0))
@@ -144,20 +146,33 @@ def trace_line(clock: HopClock, request_id: str) -> str:
 
 
 def trace_logger() -> logging.Logger:
-    """Where the frontend writes trace lines: its own stderr, one flushed line per request.
+    """Where the frontend writes trace lines: a file of its own beside Serve's replica log
+    (`serve/rld_traces_<pid>.log` in the Ray session's logs), one flushed line per request.
 
-    Not Ray Serve's replica logger: Serve's high-throughput mode buffers that (and may drop it), and a
-    benchmark wants each line as soon as the response is done. Ray keeps each worker's stderr in the
-    session's logs folder (`worker-*.err`), which `read_traces` reads.
+    Not Serve's replica logger, nor sys.stderr (which Serve redirects into that logger in replicas): in
+    Serve's high-throughput mode the replica logger buffers a thousand records before it writes, and a
+    benchmark wants each line as soon as the response is done. Outside a Serve replica: the process's
+    real stderr.
     """
     log = logging.getLogger("serve_app.trace")
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
+        log.addHandler(_trace_handler())
         log.setLevel(logging.INFO)
         log.propagate = False
     return log
+
+
+def _trace_handler() -> logging.Handler:
+    for handler in logging.getLogger("ray.serve").handlers:
+        target = getattr(handler, "target", handler)  # Serve wraps its file handler in a MemoryHandler
+        base = getattr(target, "baseFilename", None)
+        if base:
+            handler_ = logging.FileHandler(os.path.join(os.path.dirname(base), f"rld_traces_{os.getpid()}.log"))
+            break
+    else:
+        handler_ = logging.StreamHandler(sys.__stderr__)
+    handler_.setFormatter(logging.Formatter("%(message)s"))
+    return handler_
 
 
 def parse_trace_line(line: str) -> Optional[dict[str, Any]]:
@@ -241,7 +256,8 @@ def read_traces(log_dir: os.PathLike[str] | str) -> dict[str, dict[str, Any]]:
     from pathlib import Path
 
     traces: dict[str, dict[str, Any]] = {}
-    for log in sorted([*Path(log_dir).glob("worker-*.err"), *Path(log_dir).glob("serve/replica_*.log")]):
+    logs = Path(log_dir)
+    for log in sorted([*logs.glob("serve/rld_traces_*.log"), *logs.glob("worker-*.err"), *logs.glob("serve/replica_*.log")]):
         with open(log, errors="replace") as lines:
             for line in lines:
                 trace = parse_trace_line(line) if TRACE_LOG_PREFIX in line else None

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from ray.llm._internal.serve.core.configs.openai_api_models import (
@@ -167,6 +168,19 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
             "SelectiveDecodeServer ready: prompts with fewer than %d tokens are prefilled locally on decode",
             remote_prefill_min_tokens,
         )
+
+    async def _maybe_prewarm(self) -> None:
+        """Ray's pre-warm (kv_transfer.prewarm: one tiny request through every prefill replica, so the NIXL
+        handshake is not a user's first request) in the background: Ray runs it inside __init__ and retries
+        for up to 5 minutes while prefill is not up, which would keep decode from serving at all."""
+        self._prewarm_task = asyncio.get_running_loop().create_task(self._prewarm_in_background())
+
+    async def _prewarm_in_background(self) -> None:
+        try:
+            await super()._maybe_prewarm()
+        except Exception as exc:  # noqa: BLE001 - a failed pre-warm only means a slower first request
+            logger.warning("NIXL pre-warm did not complete (%s: %s); the first request through each prefill "
+                           "replica will do the handshake instead", type(exc).__name__, exc)
 
     def _get_connector_backend(self):
         if self._handoff_backend is None:

@@ -33,8 +33,10 @@ def test_named_plans_and_tools_never_share_a_port() -> None:
 def test_a_plan_gives_every_listener_its_own_port(name: str) -> None:
     plan = ports.NAMED_PLANS[name]
     listeners = [plan.http, plan.gcs, plan.ray_client, *(plan.aux(i) for i in range(10))]
-    for role in ("prefill", "decode"):
-        listeners += range(plan.side_channel_base(role), plan.side_channel_base(role) + ports.SIDE_CHANNEL_SPAN)
+    for app in range(ports.MAX_APPS_WITH_KV):
+        for role in ("prefill", "decode"):
+            start = plan.side_channel_base(role, app)
+            listeners += range(start, start + ports.SIDE_CHANNEL_SPAN)
     for i in range(ports.MAX_NODES):
         node = plan.node_ports(i)
         listeners += [p for flag, p in node.items() if "worker" not in flag]
@@ -92,3 +94,20 @@ def test_the_readme_points_at_the_demos_real_ports() -> None:
     decode_metrics = ports.DEMO.node_ports(2)["metrics-export-port"]  # nodes: head, prefill, decode
     assert f"http://127.0.0.2:{decode_metrics}/metrics" in readme
     assert f"http://127.0.0.1:{ports.DEMO.http}/v1" in readme
+
+
+def test_each_app_that_moves_kv_gets_its_own_side_channel_ports() -> None:
+    """Two disaggregated apps in one stack: Ray offsets side-channel ports by replica rank inside one
+    deployment only, so each app needs its own bases (or both decode engines bind the same port)."""
+    from pathlib import Path
+
+    from serve_app.local.stack import LocalStack
+
+    stack = LocalStack(apps={"a": ("/", "disaggregated"), "b": ("/b", "disaggregated"), "c": ("/c", "aggregated")},
+                       ports=ports.TESTS_FIRST_RUN)
+    config = stack.build_serve_config(Path("/models/tiny"))
+    bases = [(app["args"]["prefill"]["side_channel_port"], app["args"]["decode"]["side_channel_port"])
+             for app in config["applications"] if app["args"]["mode"] == "disaggregated"]
+    spans = [range(base, base + ports.SIDE_CHANNEL_SPAN) for pair in bases for base in pair]
+    assert len({p for span in spans for p in span}) == len(spans) * ports.SIDE_CHANNEL_SPAN, bases
+    assert all(p in ports.TESTS_FIRST_RUN.listening(3) for span in spans for p in span)

@@ -73,3 +73,11 @@ def test_ray_llm_light_extras_never_pull_vllm_or_nixl() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["rld"]["ray-llm-light-extras"]
     heavy = [e for e in extras if re.match(r"(vllm|nixl|torch|ray(\[|==|$))", e, re.I)]
     assert not heavy, f"[tool.rld].ray-llm-light-extras must not install {heavy} (the cpu stack owns them)"
+
+
+def test_promql_wrapper_module_requires_the_pinned_prometheus() -> None:
+    """hack/promql builds against github.com/prometheus/prometheus; its go.mod must follow versions.env
+    (hack/toolchain.sh regenerates it when PROMETHEUS_VERSION changes: commit the result)."""
+    gomod = (ROOT / "hack" / "promql" / "go.mod").read_text()
+    m = re.search(r"^\s*(?:require\s+)?github\.com/prometheus/prometheus (v\S+)", gomod, re.M)
+    assert m and m.group(1) == VERSIONS["PROMETHEUS_VERSION"], (m and m.group(1), VERSIONS["PROMETHEUS_VERSION"])

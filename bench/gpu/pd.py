@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from bench.report import save_run
 from bench.servers import REPO_ROOT, ServerProcess, vllm_server
 from bench.ttft import cpu_app_args, gpu_app_args, median
 from loadtests.openai_load.samples import percentile
@@ -191,14 +192,13 @@ def measure(records: list[dict[str, Any]], *, workload: str, mode: str, rate: fl
     window = [r for r in records if r["start"] <= t0 + duration]
     ok = [r for r in window if r["ok"] and r["ttft_ms"] is not None]
     good = [r for r in ok if r["ttft_ms"] <= slo_ttft_ms and (r["itl_ms"] or 0.0) <= slo_tpot_ms]
-    span = max(max(r["end"] for r in window) - t0, 1e-9)
     ttft = [r["ttft_ms"] for r in ok]
     tpot = [r["itl_ms"] for r in ok if r["itl_ms"] is not None]
     traced = [traces[r["id"]]["segments_ms"] for r in ok if r.get("id") in traces]
     hop_p50 = ({h: median([t[h] for t in traced if h in t]) for h in hops.SEGMENTS if any(h in t for t in traced)}
                if traced else None)
     return Step(workload, mode, rate, gpus, requests=len(window), ok=len(ok),
-                achieved_rps=len(ok) / span, goodput_rps=len(good) / duration,
+                achieved_rps=len(ok) / duration, goodput_rps=len(good) / duration,
                 ttft_p50_ms=percentile(ttft, 50), ttft_p95_ms=percentile(ttft, 95),
                 tpot_p50_ms=percentile(tpot, 50), tpot_p95_ms=percentile(tpot, 95),
                 error_rate=1 - len(ok) / len(window), hops_p50_ms=hop_p50)
@@ -341,14 +341,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         steps += run_mode(mode, a, gpus, out, model, engine, env)
         log(f"{mode}: done in {time.monotonic() - t:.0f} s")
     summary = summarize(steps, a, device, gpus)
-    summary["wall_s"] = time.monotonic() - started
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    md = table(summary)
-    (out / "table.md").write_text(md + "\n")
-    plot(summary, out / "goodput.png")
-    print(md)
-    print(f"files in {out}; {summary['wall_s']:.0f} s")
-    return 0
+    return save_run(out, summary, table(summary), plot, "goodput.png", started)
 
 
 if __name__ == "__main__":

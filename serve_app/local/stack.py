@@ -7,6 +7,7 @@ ServeDeploySchema), the same one KubeRay's RayService uses, with import_path ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 
@@ -121,23 +122,9 @@ class LocalStack:
         self.cluster.start()
         self.timings["ray_start"] = time.monotonic() - t1
 
-        side_channels = {r: self.ports.side_channel_base(r) for r in ("prefill", "decode")}
         if self.api_keys:
             self.write_api_keys(self.api_keys)
-        self.serve_config = serve_deploy_config(
-            {
-                name: {
-                    "route_prefix": prefix,
-                    "args": with_overrides(
-                        self.app_args(str(model_path), mode=mode, role_label_key=self.role_label_key,
-                                      side_channel_ports=side_channels),
-                        self._overrides(name),
-                    ),
-                }
-                for name, (prefix, mode) in self.apps.items()
-            },
-            http_port=self.ports.http,
-        )
+        self.serve_config = self.build_serve_config(model_path)
         config_file = self.cluster.temp_dir / "serve-config.yaml"
         config_file.write_text(yaml.safe_dump(self.serve_config, sort_keys=False))
         t2 = time.monotonic()
@@ -145,6 +132,30 @@ class LocalStack:
         self._deploy_and_wait(deploy_timeout_s)
         self._warm_up()
         self.timings["deploy"] = time.monotonic() - t2
+
+    def build_serve_config(self, model_path: Path) -> dict[str, Any]:
+        """The serve config this stack deploys: one application per entry of `apps`, validated."""
+        kv_apps = [name for name, (_, mode) in self.apps.items() if mode == "disaggregated"]
+
+        def side_channels(name: str) -> dict[str, int]:
+            """Each app that moves KV gets its own NIXL ports (Ray offsets replicas, not apps)."""
+            index = kv_apps.index(name) if name in kv_apps else 0
+            return {r: self.ports.side_channel_base(r, index) for r in ("prefill", "decode")}
+
+        return serve_deploy_config(
+            {
+                name: {
+                    "route_prefix": prefix,
+                    "args": with_overrides(
+                        self.app_args(str(model_path), mode=mode, role_label_key=self.role_label_key,
+                                      side_channel_ports=side_channels(name)),
+                        self._overrides(name),
+                    ),
+                }
+                for name, (prefix, mode) in self.apps.items()
+            },
+            http_port=self.ports.http,
+        )
 
     def _deploy_and_wait(self, timeout_s: float) -> None:
         import ray
@@ -215,6 +226,18 @@ class LocalStack:
 
     def _logs(self) -> str:
         return f"{self.cluster.temp_dir}/session_latest/logs (serve/ and worker-*.err)"
+
+    @contextlib.contextmanager
+    def running(self, *, deploy_timeout_s: Optional[float] = None) -> Iterator["LocalStack"]:
+        """Start the stack, yield it, stop it; then fail loudly if any of its processes outlived the stop."""
+        self.start(deploy_timeout_s=deploy_timeout_s)
+        try:
+            yield self
+        finally:
+            self.stop()
+            left = self.cluster.processes()
+            if left:
+                raise RuntimeError(f"processes left after stopping the local stack: {[p.pid for p in left]}")
 
     def stop(self, keep_logs: bool = False) -> int:
         keep = keep_logs or os.environ.get("RLD_KEEP_RAY_LOGS") == "1"

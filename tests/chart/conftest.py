@@ -60,11 +60,12 @@ def tool(name: str) -> str:
 
 
 def schema_dir(prefix: str) -> Path:
-    """Offline JSON schema dir, e.g. schema_dir('kuberay') -> $RLD_CACHE/schemas/kuberay-v1.5.0."""
-    want = {"kuberay": versions_env()["KUBERAY_VERSION"], "k8s": versions_env()["K8S_VERSION"]}[prefix]
+    """Offline JSON schema dir, e.g. schema_dir('kuberay') -> $RLD_CACHE/schemas/kuberay-<KUBERAY_VERSION>."""
+    want = {"kuberay": versions_env()["KUBERAY_VERSION"], "k8s": versions_env()["K8S_VERSION"],
+            "prometheus-operator": versions_env()["PROMETHEUS_OPERATOR_VERSION"]}[prefix]
     path = SCHEMAS / f"{prefix}-{want}"
     if not path.is_dir():
-        pytest.fail(f"{path} not found: build the schemas with `hack/toolchain.sh --only schemas`")
+        pytest.fail(f"{path} not found: build the schemas with `hack/toolchain.sh --only pytools,schemas,promop-schemas`")
     return path
 
 
@@ -155,7 +156,8 @@ class Rendered:
     def serve_config(self) -> dict:
         raw = self.rayservice["spec"]["serveConfigV2"]
         assert isinstance(raw, str), "serveConfigV2 must be a YAML string"
-        return yaml.safe_load(raw)
+        (doc,) = load_all_strict(raw)
+        return doc
 
     @property
     def app(self) -> dict:
@@ -206,15 +208,37 @@ def _layers(values_files: Iterable[Path], values: Optional[dict | list[dict]]) -
     return layers
 
 
+class StrictLoader(yaml.SafeLoader):
+    """A YAML loader that fails on a duplicate mapping key (plain safe_load keeps the last one silently,
+    which hid labels the chart emitted twice)."""
+
+
+def _no_duplicates(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        assert key not in seen, f"duplicate key {key!r} at line {key_node.start_mark.line + 1} of the rendered YAML"
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_all_strict(text: str) -> list[dict]:
+    return [d for d in yaml.load_all(text, Loader=StrictLoader) if d]
+
+
 def render(values_files: Iterable[Path] = (), values: Optional[dict | list[dict]] = None, *,
            release: str = "llm", extra: Iterable[str] = ()) -> Rendered:
-    """helm template the chart with example files and/or dict layers; parsed docs (hooks included)."""
+    """helm template the chart with example files and/or dict layers; parsed docs (hooks included).
+    Fails on duplicate keys anywhere in the output."""
     layers = _layers(values_files, values)
     key = tuple(json.dumps(l, sort_keys=True) for l in layers)
     cmd, rc, out, err = _render_cached(key, release, tuple(extra))
     if rc != 0:
         raise RenderError(cmd, rc, out, err)
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = load_all_strict(out)
     return Rendered(docs=docs, values=effective_values(*layers), release=release, stdout=out)
 
 
@@ -229,13 +253,14 @@ def render_error(values_files: Iterable[Path] = (), values: Optional[dict | list
 
 
 def _kubeconform_cmd() -> list[str]:
-    """kubeconform, offline: KubeRay CRD schemas + Kubernetes core schemas from the cache, -strict,
+    """kubeconform, offline: KubeRay and Prometheus Operator CRD schemas + Kubernetes core schemas from the cache, -strict,
     never the default (remote) schema location."""
-    k8s, kuberay = schema_dir("k8s"), schema_dir("kuberay")
+    k8s, kuberay, promop = schema_dir("k8s"), schema_dir("kuberay"), schema_dir("prometheus-operator")
     return [tool("kubeconform"), "-strict", "-summary", "-output", "json",
             "-kubernetes-version", KUBE_VERSION,
             "-schema-location", f"{k8s}/{{{{.ResourceKind}}}}{{{{.KindSuffix}}}}.json",
-            "-schema-location", f"{kuberay}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json"]
+            "-schema-location", f"{kuberay}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json",
+            "-schema-location", f"{promop}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json"]
 
 
 def kubeconform(manifests: str) -> subprocess.CompletedProcess:
@@ -263,8 +288,9 @@ def kubeconform_many(manifests: dict[str, str]) -> dict[str, list[dict]]:
 # ------------------------------------------------------------------------------------------------
 
 def container(pod_template: dict) -> dict:
+    """The pod's main container: the Ray container comes first (KubeRay uses containers[0]); sidecars follow."""
     cs = pod_template["spec"]["containers"]
-    assert len(cs) == 1, "one Ray container per pod"
+    assert cs, "a pod without containers"
     return cs[0]
 
 
@@ -282,17 +308,22 @@ def ports_of(c: dict) -> dict[str, int]:
 
 
 def key_named(stderr: str, key: str) -> bool:
-    """True if stderr names `key` (dotted, e.g. decode.pipelineParallelSize), either as the
-    template checks write it or as helm's JSON-schema errors do (`/decode/pipelineParallelSize`,
-    or the parent path plus the offending property name for additionalProperties)."""
+    """True if stderr names `key` (dotted, e.g. decode.pipelineParallelSize), either as the template
+    checks write it or as helm's JSON-schema errors do (`/decode/pipelineParallelSize`, or the parent path
+    plus the offending property name for additionalProperties). Map keys may contain dots themselves
+    (labels such as app.kubernetes.io/name): any split of the dotted key into a JSON path counts."""
     if key in stderr:
         return True
-    slash = "/" + key.replace(".", "/")
-    if f"'{slash}'" in stderr:
-        return True
-    parent, _, leaf = key.rpartition(".")
-    parent_path = "/" + parent.replace(".", "/") if parent else ""
-    return f"'{parent_path}'" in stderr and f"'{leaf}'" in stderr
+    parts = key.split(".")
+    for k in range(1, len(parts) + 1):
+        segs = parts[:k] + ([".".join(parts[k:])] if parts[k:] else [])
+        segs = [s.replace("~", "~0").replace("/", "~1") for s in segs]  # JSON pointer escapes
+        if f"'/{'/'.join(segs)}'" in stderr:
+            return True
+        parent = "/" + "/".join(segs[:-1]) if len(segs) > 1 else ""
+        if f"'{parent}'" in stderr and f"'{segs[-1]}'" in stderr:
+            return True
+    return False
 
 
 @pytest.fixture(scope="session")

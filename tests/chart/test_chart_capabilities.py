@@ -26,7 +26,7 @@ def test_auto_fails_on_a_cluster_without_kuberay(example):
     stderr = render_error([example], extra=EKS_WITHOUT_KUBERAY)
     assert "capabilitiesCheck" in stderr
     assert "ray.io/v1 RayService" in stderr
-    assert "Install KubeRay >=1.5.0" in stderr, "names the supported KubeRay versions"
+    assert "Install KubeRay >=1.5.1" in stderr, "names the supported KubeRay versions"
     assert "kuberay-operator" in stderr, "says how to install the operator"
 
 

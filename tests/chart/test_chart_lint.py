@@ -20,20 +20,26 @@ def test_helm_lint_strict(values: Path):
 
 
 def test_helm_lint_strict_rejects_schema_violations():
-    """lint (hence ct lint) enforces values.schema.json."""
-    proc = subprocess.run([tool("helm"), "lint", "--strict", str(CHART), "--set", "decode.tensorParallelSize=0"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "/decode/tensorParallelSize" in proc.stdout + proc.stderr
+    """lint (hence ct lint) enforces values.schema.json, cross-field rules included."""
+    for flag, path in (("decode.tensorParallelSize=0", "/decode/tensorParallelSize"),
+                       ("decode.pipelineParallelSize=2", "/decode/pipelineParallelSize"),  # an if/then rule
+                       ("serve.port=8265", "/serve/port")):
+        proc = subprocess.run([tool("helm"), "lint", "--strict", str(CHART), "--set", flag],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0, flag
+        assert path in proc.stdout + proc.stderr
 
 
-def test_helm_lint_reports_template_checks():
-    """Helm's lint mode turns `fail` into an [INFO] line (so charts with required values lint): the
-    template checks are visible in lint output but only `helm template/install` fails on them, which
-    is what test_chart_invalid.py asserts."""
-    proc = subprocess.run([tool("helm"), "lint", "--strict", str(CHART), "--set", "decode.pipelineParallelSize=2"],
+def test_helm_lint_reports_template_checks_as_info_only():
+    """Helm's lint mode turns `fail` into an [INFO] line (so charts with required values lint): the template
+    checks show in lint output but only `helm template/install` fails on them (test_chart_invalid.py).
+    This pins the Helm behaviour the chart README documents; the day lint fails on them, update the docs."""
+    proc = subprocess.run([tool("helm"), "lint", "--strict", str(CHART), "--set", "prefill.autoscaling.enabled=true",
+                           "--set", "prefill.autoscaling.minReplicas=3", "--set", "prefill.autoscaling.maxReplicas=1"],
                           capture_output=True, text=True, timeout=120)
-    assert "decode.pipelineParallelSize" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "[INFO]" in out and "prefill.autoscaling.minReplicas" in out
+    assert proc.returncode == 0, out
 
 
 def test_ct_lint(tools_on_path):

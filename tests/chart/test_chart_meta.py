@@ -39,7 +39,10 @@ def test_app_version_and_annotations_match_versions_env():
     assert ann["ray-llm-disagg.io/kuberay-version"] == env["KUBERAY_VERSION"]
     assert CHART_YAML["appVersion"] == f"ray{env['RAY_VERSION']}-vllm{env['VLLM_VERSION']}"
     supported = ann["ray-llm-disagg.io/kuberay-supported"]
-    assert supported == ">=1.5.0", "worker-group labels need KubeRay >= 1.5"
+    # worker-group labels need KubeRay >= 1.5; Ray token auth (rayAuth.mode: token, the default) needs
+    # authOptions, added in 1.5.1: an older CRD would drop it silently
+    assert supported == ">=1.5.1"
+    assert supported.lstrip(">=") == env["KUBERAY_VERSION"].lstrip("v")
 
 
 def test_rendered_versions_derive_from_chart_yaml():
@@ -100,7 +103,7 @@ def test_values_doc_renders_a_table():
     assert lines[0] == "| Key | Type | Default | Description |"
     keys = {line.split("|")[1].strip().strip("`") for line in lines[2:]}
     for k in ("mode", "model.source", "model.hfTokenSecret.name", "prefill.tensorParallelSize", "decode.gpusPerHost",
-              "efa.devicesPerHost", "kvTransfer.connector", "capabilitiesCheck", "placement.roleLabelKey"):
+              "prefill.efaDevicesPerHost", "kvTransfer.connector", "capabilitiesCheck", "placement.roleLabelKey"):
         assert k in keys, k
     row = next(line for line in lines if line.startswith("| `kvTransfer.connector`"))
     assert "`NixlConnector` \\| `NixlPushConnector`" in row  # type from the schema enum
@@ -165,3 +168,53 @@ def test_chart_readme_values_table_is_current():
     start, end = "<!-- values-table:start -->", "<!-- values-table:end -->"
     block = readme[readme.index(start) + len(start): readme.index(end)].strip()
     assert block == proc.stdout.strip(), "stale: run hack/values-doc.py --write charts/ray-llm-disagg/README.md"
+
+
+# ------------------------------------------------------------------------------------------------
+# packaging: license, icon, maintainers, kubeVersion, umbrella charts
+# ------------------------------------------------------------------------------------------------
+
+def test_license_icon_and_maintainer():
+    lic = (REPO / "LICENSE").read_text()
+    assert lic.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in lic
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'license = { text = "Apache-2.0" }' in pyproject
+    assert CHART_YAML["annotations"]["artifacthub.io/license"] == "Apache-2.0"
+    icon = CHART_YAML["icon"]
+    assert icon.startswith("https://") and icon.endswith("/charts/ray-llm-disagg/icon.svg")
+    svg = (CHART / "icon.svg").read_text()
+    assert svg.startswith("<svg") and "viewBox" in svg
+    (m,) = CHART_YAML["maintainers"]
+    assert m["name"] and m["url"].startswith("https://github.com/") and m["url"].endswith("/issues")
+
+
+@pytest.mark.parametrize(("kube", "ok"), [("1.27.9", False), ("1.28.0", True), ("1.28.15-eks-1234", True),
+                                          ("1.29.3", True), (KUBE_VERSION, True)])
+def test_kube_versions_admitted(kube, ok):
+    """EKS 1.28/1.29 install: nothing rendered needs a newer API server."""
+    proc = subprocess.run([tool("helm"), "template", "x", str(CHART), "--kube-version", kube],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode == 0) == ok, proc.stderr
+    if not ok:
+        assert "kubeVersion" in proc.stderr
+
+
+def test_umbrella_condition_enabled_and_aliases(tmp_path):
+    """An umbrella chart lists the chart with `condition: <alias>.enabled`: the schema accepts `enabled`,
+    the enabled copies render with their own names, the disabled one renders nothing."""
+    root = tmp_path / "repo"
+    (root / "charts").mkdir(parents=True)
+    (root / "charts" / "ray-llm-disagg").symlink_to(CHART)
+    umbrella = root / "tests" / "umbrella"
+    shutil.copytree(REPO / "tests" / "umbrella", umbrella)
+    dep = subprocess.run([tool("helm"), "dependency", "build", str(umbrella)], capture_output=True, text=True, timeout=120)
+    assert dep.returncode == 0, dep.stderr
+    proc = subprocess.run([tool("helm"), "template", "models", str(umbrella), "-n", "llm", "--kube-version", KUBE_VERSION],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    names = {d["metadata"]["labels"]["app.kubernetes.io/name"] for d in docs}
+    assert names == {"llama", "qwen"}
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "RayService"} == {"models-llama", "models-qwen"}
+    values = yaml.safe_load((REPO / "tests" / "umbrella" / "values.yaml").read_text())
+    assert values["llama"]["enabled"] is True and values["mistral"]["enabled"] is False

@@ -1,5 +1,5 @@
 """Render every example and a matrix of overrides; check the objects field by field, validate them
-offline against the KubeRay v1.5.0 CRD and Kubernetes schemas (kubeconform -strict), and validate
+offline against the KubeRay CRD (KUBERAY_VERSION) and Kubernetes schemas (kubeconform -strict), and validate
 the serve args with the app's own pydantic models (serve_app.config.AppConfig)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .conftest import EXAMPLES, container, env_of, kubeconform, kubeconform_many, render
+from .conftest import CI_VALUES, EXAMPLES, container, env_of, kubeconform, kubeconform_many, render
 from .expect import check_all, check_serve_config, hosts, roles_of
 
 P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
@@ -37,15 +37,19 @@ MATRIX: dict[str, dict] = {
     "decode-tp16-over-two-hosts": {
         "prefill": {"tensorParallelSize": 8, **GPU8}, "decode": {"tensorParallelSize": 16, **GPU8}},
     "allow-prefill-tp-above-decode": {
-        "kvTransfer": {"allowPrefillTPGreaterThanDecode": True},
+        "kvTransfer": {"allowPrefillTpGreaterThanDecode": True},
         "prefill": {"tensorParallelSize": 4, "gpusPerHost": 4}, "decode": {"tensorParallelSize": 2, "gpusPerHost": 2}},
     "efa-on-p5": {
         "efa": {"enabled": True},
         "prefill": {"tensorParallelSize": 8, **GPU8, "nodeSelector": P5},
         "decode": {"tensorParallelSize": 8, **GPU8, "nodeSelector": P5}},
-    "efa-without-hugepages": {"efa": {"enabled": True, "hugepages2Mi": "", "devicesPerHost": 4}},
-    "efa-privileged-ucx": {"efa": {"enabled": True, "privileged": True}, "kvTransfer": {"backend": "UCX"}},
-    "efa-custom-env": {"efa": {"enabled": True, "env": {"FI_EFA_USE_HUGE_PAGE": "0", "NCCL_DEBUG": "INFO"}}},
+    "efa-without-hugepages": {"efa": {"enabled": True, "hugepages2Mi": ""},
+                              "prefill": {"efaDevicesPerHost": 4}, "decode": {"efaDevicesPerHost": 4}},
+    "efa-privileged-ucx": {"efa": {"enabled": True, "privileged": True}, "kvTransfer": {"backend": "UCX"},
+                           "prefill": {"efaDevicesPerHost": 2}, "decode": {"efaDevicesPerHost": 2}},
+    "efa-custom-env": {"efa": {"enabled": True, "env": {"FI_EFA_USE_HUGE_PAGE": "0", "NCCL_DEBUG": "INFO"}},
+                       "prefill": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.4xlarge"}},
+                       "decode": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.4xlarge"}}},
     "efa-off-no-ipc-lock": {"ipcLock": False},
     "autoscaling-prefill": {"prefill": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3},
                                         "idleTimeoutSeconds": 300}},
@@ -64,7 +68,7 @@ MATRIX: dict[str, dict] = {
                                          "tokenizerSource": "s3://bucket/tokenizer"}},
     "s3-model-with-irsa": {"model": {"id": "llama", "source": "s3://models/llama-3-8b"},
                            "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}}},
-    "custom-role-label-key": {"placement": {"roleLabelKey": "example.com/pd-role", "ingressLabel": {"pool": "cpu"},
+    "custom-role-label-key": {"placement": {"roleLabelKey": "example.com/pd-role", "frontendLabel": {"pool": "cpu"},
                                             "pinRoles": False}},
     "no-scheduling-preferences": {"scheduling": {"roleAntiAffinity": {"enabled": False}, "sameZone": {"enabled": False}}},
     "user-affinity-merged": {"prefill": {"affinity": {
@@ -80,20 +84,20 @@ MATRIX: dict[str, dict] = {
                                           "initializingTimeout": "90m", "annotations": {"team": "ml"}},
     "image-digest": {"image": {"digest": "sha256:" + "a" * 64}},
     "image-tag": {"image": {"tag": "dev-123"}},
-    "selective-disagg-and-serve-options": {"remotePrefillMinTokens": 256, "serveIngress": {"replicas": 2, "numCpus": 0.5},
+    "selective-disagg-and-serve-options": {"remotePrefillMinTokens": 256, "frontend": {"replicas": 2, "numCpus": 0.5},
                                            "serve": {"httpOptions": {"request_timeout_s": 600}}},
-    "extras": {"env": [{"name": "RAY_SERVE_LOG_LEVEL", "value": "DEBUG"}],
+    "extras": {"extraEnv": [{"name": "RAY_SERVE_LOG_LEVEL", "value": "DEBUG"}],
                "head": {"rayStartParams": {"metrics-export-port": "8080"}, "nodeSelector": {"pool": "cpu"},
                         "extraEnv": [{"name": "HEAD_ONLY", "value": "1"}]},
                "prefill": {"extraEnv": [{"name": "NIXL_LOG_LEVEL", "value": "DEBUG"}],
-                           "env": {"VLLM_LOGGING_LEVEL": "DEBUG"},
+                           "engineEnv": {"VLLM_LOGGING_LEVEL": "DEBUG"},
                            "engineArgs": {"max_model_len": 4096, "enable_prefix_caching": True},
                            "rayLabels": {"example.com/pool": "p5"},
                            "rayStartParams": {"num-cpus": "16"},
                            "extraVolumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "fsx"}}],
                            "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
                            "podAnnotations": {"a": "b"}, "podLabels": {"team": "ml"}, "priorityClassName": "high"}},
-    "accelerator-type": {"acceleratorType": "H100"},
+    "accelerator-type": {"prefill": {"acceleratorType": "H100"}, "decode": {"acceleratorType": "H200"}},
     "engine-env-timeouts-metrics": {"engineEnv": {"VLLM_LOGGING_LEVEL": "INFO"}, "engineMetrics": False,
                                     "timeouts": {"firstTokenS": 900, "betweenTokensS": 12.5}},
     "service-nlb": {"service": {"type": "LoadBalancer", "annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}}},
@@ -102,6 +106,116 @@ MATRIX: dict[str, dict] = {
                                     "imagePullSecrets": [{"name": "regcred"}, {"name": "own"}], "otherChartSetting": 1},
                          "commonLabels": {"team": "ml"}, "imagePullSecrets": [{"name": "own"}]},
     "common-labels-and-pull-secrets": {"commonLabels": {"cost-center": "42"}, "imagePullSecrets": [{"name": "ecr"}]},
+    # ---- what platform teams override (issue 11): each renders, and right ----
+    "label-the-chart-also-sets": {"commonLabels": {"app.kubernetes.io/part-of": "llm-platform", "helm.sh/chart": "pinned"},
+                                  "global": {"commonLabels": {"app.kubernetes.io/part-of": "umbrella", "team": "g"}}},
+    "pod-labels-over-common-labels": {"commonLabels": {"team": "ml"}, "decode": {"podLabels": {"team": "decode-squad"}}},
+    "umbrella-condition-enabled": {"enabled": False},
+    "namespace-override": {"namespaceOverride": "inference"},
+    "alb-with-tls": {"ingress": {"enabled": True, "host": "llm.example.com",
+                                 "tls": [{"hosts": ["llm.example.com"]}],
+                                 "alb": {"scheme": "internet-facing",
+                                         "certificateArn": "arn:aws:acm:us-east-1:111122223333:certificate/abc"}}},
+    "alb-long-first-token-deadline": {"ingress": {"enabled": True}, "timeouts": {"firstTokenS": 1800.5}},
+    "alb-user-attributes-kept": {"ingress": {"enabled": True, "annotations": {
+        "alb.ingress.kubernetes.io/load-balancer-attributes": "deletion_protection.enabled=true"}}},
+    "alb-user-idle-timeout-longer": {"ingress": {"enabled": True, "annotations": {
+        "alb.ingress.kubernetes.io/load-balancer-attributes": "idle_timeout.timeout_seconds=900"}}},
+    "nginx-ingress": {"ingress": {"enabled": True, "className": "nginx", "host": "llm.internal",
+                                  "tls": [{"hosts": ["llm.internal"], "secretName": "llm-tls"}]}},
+    "other-ingress-class": {"ingress": {"enabled": True, "className": "traefik", "annotations": {"a": "b"}}},
+    "efa-per-role-instance-types": {
+        "efa": {"enabled": True},
+        "prefill": {**GPU8, "tensorParallelSize": 8, "nodeSelector": P5},
+        "decode": {**GPU8, "tensorParallelSize": 8, "nodeSelector": {"node.kubernetes.io/instance-type": "p5en.48xlarge"}}},
+    "efa-half-host-pods": {"efa": {"enabled": True},
+                           "prefill": {"tensorParallelSize": 4, "gpusPerHost": 4, "nodeSelector": P5},
+                           "decode": {"tensorParallelSize": 4, "gpusPerHost": 4, "nodeSelector": P5}},
+    "efa-karpenter-nodepool-with-devices": {
+        "efa": {"enabled": True},
+        "prefill": {**GPU8, "tensorParallelSize": 8, "nodeSelector": {"karpenter.sh/nodepool": "prefill"}, "efaDevicesPerHost": 32,
+                    "acceleratorType": "H100"},
+        "decode": {**GPU8, "tensorParallelSize": 8, "nodeSelector": {"karpenter.sh/nodepool": "decode"}, "efaDevicesPerHost": 16,
+                   "acceleratorType": "H200"}},
+    "instance-type-by-node-affinity": {
+        "efa": {"enabled": True},
+        "prefill": {**GPU8, "tensorParallelSize": 8, "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                                          "values": ["p5.48xlarge", "p5e.48xlarge"]}]}]}}}},
+        "decode": {**GPU8, "tensorParallelSize": 8, "nodeSelector": P5}},
+    "derived-accelerator-no-efa": {"prefill": {"nodeSelector": {"node.kubernetes.io/instance-type": "g6e.12xlarge"},
+                                               "tensorParallelSize": 4, "gpusPerHost": 4},
+                                   "decode": {"nodeSelector": {"node.kubernetes.io/instance-type": "g6e.12xlarge"},
+                                              "tensorParallelSize": 4, "gpusPerHost": 4}},
+    "pod-fields-everywhere": {
+        "envFrom": [{"configMapRef": {"name": "llm-env"}}],
+        "extraEnv": [{"name": "RAY_SERVE_LOG_LEVEL", "value": "INFO"}, {"name": "SHARED", "value": "global"}],
+        **{g: {"schedulerName": "volcano", "runtimeClassName": "nvidia", "priorityClassName": "llm-critical",
+               "terminationGracePeriodSeconds": 120,
+               "podSecurityContext": {"fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+               "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                   "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}},
+               "topologySpreadConstraints": [
+                   {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"},
+                   {"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app": "mine"}}}],
+               "initContainers": [{"name": "fetch-model", "image": "amazon/aws-cli:2.17.0",
+                                   "command": ["aws", "s3", "sync", "s3://models/x", "/models"]}],
+               "sidecars": [{"name": "fluent-bit", "image": "fluent/fluent-bit:3.1"}],
+               "envFrom": [{"secretRef": {"name": f"{g}-env"}}],
+               "extraEnv": [{"name": "SHARED", "value": g}],
+               "podAnnotations": {"example.com/owner": "ml"}}
+           for g in ("head", "prefill", "decode")}},
+    "security-without-ipc-lock": {"ipcLock": False, "decode": {"securityContext": {"runAsNonRoot": True, "runAsUser": 1000}}},
+    "efa-privileged-with-user-caps": {"efa": {"enabled": True, "privileged": True},
+                                      "prefill": {**GPU8, "tensorParallelSize": 8, "nodeSelector": P5,
+                                                  "securityContext": {"capabilities": {"add": ["IPC_LOCK", "SYS_NICE"]}}},
+                                      "decode": {**GPU8, "tensorParallelSize": 8, "nodeSelector": P5}},
+    "native-sidecar-on-1-29": {"prefill": {"initContainers": [{"name": "proxy", "image": "envoy", "restartPolicy": "Always"}]}},
+    "head-priority-and-pdb": {"head": {"priorityClassName": "system-cluster-critical",
+                                       "podDisruptionBudget": {"enabled": True, "maxUnavailable": 0}}},
+    "pdbs-off": {"prefill": {"podDisruptionBudget": {"enabled": False}}, "decode": {"podDisruptionBudget": {"enabled": False}}},
+    "pdb-multi-host-replicas": {"kvTransfer": {"connector": "NixlPushConnector"},
+                                "prefill": {**GPU8, "tensorParallelSize": 8, "pipelineParallelSize": 2, "replicas": 3,
+                                            "podDisruptionBudget": {"enabled": True, "maxUnavailable": 2}},
+                                "decode": {**GPU8, "tensorParallelSize": 8, "replicas": 4}},
+    "pdb-autoscaling-floor": {"decode": {"autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 6}}},
+    "network-policy-restricted": {"networkPolicy": {
+        "serve": {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}},
+                           {"ipBlock": {"cidr": "10.0.0.0/16"}}]},
+        "operator": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kuberay-system"}}},
+        "metrics": {"from": []},
+        "extraIngress": [{"from": [{"podSelector": {"matchLabels": {"app": "debugger"}}}], "ports": [{"port": 8265}]}]}},
+    "network-policy-off": {"networkPolicy": {"enabled": False}},
+    "custom-ray-ports": {"head": {"rayStartParams": {"metrics-export-port": "9090", "dashboard-port": "8266"}},
+                         "decode": {"rayStartParams": {"metrics-export-port": "9091"}}, "serve": {"port": 8001}},
+    "ray-auth-disabled": {"rayAuth": {"mode": "disabled"}},
+    "gcs-fault-tolerance": {"gcsFaultTolerance": {"enabled": True, "redisAddress": "redis.example.com:6379",
+                                                  "redisPassword": {"secretName": "redis", "key": "pw"}}},
+    "gcs-ft-in-place-upgrades-with-namespace": {"upgradeStrategy": {"type": "None"},
+                                                "gcsFaultTolerance": {"enabled": True, "redisAddress": "rediss://r:6380",
+                                                                      "externalStorageNamespace": "llm-prod"}},
+    "api-key-secret": {"auth": {"apiKeySecret": {"name": "llm-api-keys", "key": "keys.txt"}},
+                       "tests": {"podAnnotations": {"sidecar.istio.io/inject": "false"},
+                                 "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}}},
+    "efa-preflight": {"efa": {"enabled": True}, "remotePrefillMinTokens": 1000,
+                      "prefill": {**GPU8, "tensorParallelSize": 8, "nodeSelector": P5},
+                      "decode": {**GPU8, "tensorParallelSize": 8, "nodeSelector": P5},
+                      "auth": {"apiKeySecret": {"name": "keys"}},
+                      "tests": {"efaPreflight": {"enabled": True, "canaryRequests": 4}}},
+    "extra-objects": {"extraObjects": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "llm-extra"}, "data": {"release": "{{ .Release.Name }}"}},
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ .Release.Name }}-extra\nstringData:\n  a: b\n"]},
+    "scale-to-zero-decode": {"decode": {"replicas": 0, "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2}}},
+    "aggregated-ignores-prefill-mistakes": {"mode": "aggregated", "prefill": {"replicas": 0, "pipelineParallelSize": 2}},
+    "route-prefix-under-ingress-path": {"serve": {"routePrefix": "/llm"},
+                                        "ingress": {"enabled": True, "path": "/llm", "host": "a.example.com",
+                                                    "tls": [{"hosts": ["*.example.com"]}]}},
+    "image-tag-quoted": {"image": {"tag": "1.10"}, "tests": {"image": {"tag": "8.11.1"}}},
+    "aggregated-multi-host-efa-same-zone": {"mode": "aggregated", "efa": {"enabled": True},
+                                            "decode": {**GPU8, "tensorParallelSize": 8, "pipelineParallelSize": 2,
+                                                       "nodeSelector": P5}},
+    "serve-request-timeout-above-first-token": {"serve": {"httpOptions": {"request_timeout_s": 600}}, "timeouts": {"firstTokenS": 300}},
 }
 
 
@@ -122,6 +236,7 @@ def test_example_structure(example):
 def schema_results() -> dict:
     """Every example and matrix render, validated by one kubeconform run."""
     renders = {f"example:{e.stem}": render([e]) for e in EXAMPLES}
+    renders.update({f"ci:{c.stem}": render([c]) for c in CI_VALUES})
     renders.update({f"matrix:{c}": render(values=v) for c, v in MATRIX.items()})
     results = kubeconform_many({k: r.stdout for k, r in renders.items()})
     return {k: (renders[k], results[k]) for k in renders}
@@ -130,6 +245,19 @@ def schema_results() -> dict:
 @pytest.mark.parametrize("example", EXAMPLES, ids=_id)
 def test_example_validates_against_kuberay_and_k8s_schemas(example, schema_results):
     _schema_ok(*schema_results[f"example:{example.stem}"])
+
+
+@pytest.mark.parametrize("ci", CI_VALUES, ids=_id)
+def test_ci_values_validate_against_kuberay_and_k8s_schemas(ci, schema_results):
+    check_all(render([ci]))
+    _schema_ok(*schema_results[f"ci:{ci.stem}"])
+
+
+def test_every_kind_the_chart_renders_is_validated(schema_results):
+    """The matrix covers every kind (hooks included), each against its strict schema."""
+    kinds = {res["kind"] for _, results in schema_results.values() for res in results}
+    assert kinds >= {"RayService", "ServiceAccount", "Ingress", "NetworkPolicy", "PodDisruptionBudget", "Pod",
+                     "ConfigMap", "Role", "RoleBinding", "Secret"}
 
 
 def test_the_three_examples_exist():
@@ -155,7 +283,7 @@ def test_p5_llama3_70b_is_the_classic_case():
     assert r.head["template"]["spec"]["nodeSelector"] == {"karpenter.sh/nodepool": "cpu"}
     args = r.args
     assert args["kv_transfer"] == {"connector": "NixlPushConnector", "backend": "LIBFABRIC", "buffer_device": "cuda",
-                                   "allow_prefill_tp_greater_than_decode": False}
+                                   "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "tokenize_once": True}
     assert (args["prefill"]["tensor_parallel_size"], args["prefill"]["pipeline_parallel_size"]) == (8, 2)
     assert (args["decode"]["tensor_parallel_size"], args["decode"]["pipeline_parallel_size"]) == (8, 1)
     # push connector: explicit, distinct side-channel ports per role (Ray 2.58 leaves them unset)
@@ -171,7 +299,8 @@ def test_p5en_deepseek_autoscales_with_pull_connector():
         assert g["numOfHosts"] == 1
         assert g["minReplicas"] < g["maxReplicas"]
         assert container(g["template"])["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
-        assert "side_channel_port" not in r.args[role]
+        assert r.args[role]["side_channel_port"] == {"prefill": 20000, "decode": 22000}[role], "Ray's bases, passed as they are"
+        assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in env_of(container(g["template"])), "Ray sets it per replica (pull)"
     assert r.args["kv_transfer"]["connector"] == "NixlConnector"
     assert r.args["prefill"]["accelerator_type"] == r.args["decode"]["accelerator_type"] == "H200"
 
@@ -183,7 +312,7 @@ def test_cpu_tiny_has_no_gpus_and_no_efa():
         assert needle not in text, needle
     assert r.args["accelerator"] == "cpu"
     assert r.args["kv_transfer"] == {"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cpu",
-                                     "allow_prefill_tp_greater_than_decode": False}
+                                     "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "tokenize_once": True}
     for g in r.groups.values():
         assert not g["template"]["spec"].get("tolerations")
         limits = container(g["template"])["resources"]["limits"]
@@ -225,6 +354,9 @@ def test_num_of_hosts_is_tp_times_pp_over_gpus_per_host(tp, pp, gpus, expected):
 def test_one_template_renders_both_roles():
     """Give both roles identical values: the groups must then differ only in what names the role."""
     same = {"tensorParallelSize": 8, "gpusPerHost": 8, "nodeSelector": {"pool": "gpu"}, "engineArgs": {"max_model_len": 1024},
+            "efaDevicesPerHost": 8, "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                                   "whenUnsatisfiable": "ScheduleAnyway"}],
+            "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1}, "sidecars": [{"name": "log", "image": "busybox"}],
             "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}}
     r = render(values={"prefill": same, "decode": same, "efa": {"enabled": True}})
     pre = json.dumps(r.groups["prefill"], sort_keys=True)
@@ -281,6 +413,16 @@ def test_kubeconform_really_checks_the_kuberay_schema():
     proc = kubeconform(yaml.safe_dump_all(docs))
     assert proc.returncode != 0
     assert "numHosts" in proc.stdout
+    # and the Kubernetes kinds: a NetworkPolicy rule with a typo, a PDB with both forms
+    docs = [dict(d) for d in r.docs if d["kind"] in ("NetworkPolicy", "PodDisruptionBudget")]
+    assert {d["kind"] for d in docs} == {"NetworkPolicy", "PodDisruptionBudget"}
+    for d in docs:
+        if d["kind"] == "NetworkPolicy":
+            d["spec"]["ingress"][0]["form"] = d["spec"]["ingress"][0].pop("from")
+        else:
+            d["spec"]["minAvaliable"] = 1
+    proc = kubeconform(yaml.safe_dump_all(docs))
+    assert proc.returncode != 0 and "form" in proc.stdout and "minAvaliable" in proc.stdout
 
 
 def test_global_values_from_an_umbrella_chart():
@@ -299,7 +441,8 @@ def test_set_flags_work_like_values_files():
     flags = ["--set", "kvTransfer.connector=NixlPushConnector", "--set", "prefill.tensorParallelSize=8",
              "--set", "prefill.pipelineParallelSize=2", "--set", "prefill.gpusPerHost=8",
              "--set", "decode.tensorParallelSize=8", "--set", "decode.gpusPerHost=8", "--set", "decode.replicas=3",
-             "--set", "prefill.engineArgs.max_model_len=4096", "--set", "efa.enabled=true", "--set", "efa.devicesPerHost=16"]
+             "--set", "prefill.engineArgs.max_model_len=4096", "--set", "efa.enabled=true",
+             "--set", "prefill.efaDevicesPerHost=16", "--set", "decode.efaDevicesPerHost=16"]
     r = render(values={}, extra=flags)
     assert r.groups["prefill"]["numOfHosts"] == 2
     assert r.groups["decode"]["replicas"] == 3

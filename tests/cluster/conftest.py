@@ -1,6 +1,12 @@
 """Fixtures for the cluster tests: ONE local control plane per session (hack/cluster.sh up), one
 namespace per test, helm releases that are uninstalled (and their pods gone) before the next test.
 
+pytest-helm-charts (pinned in pyproject.toml) provides the cluster connection (`kube_cluster`, from
+KUBECONFIG), the per-test namespaces (`namespace_factory_function_scope`: created, then deleted and waited
+for) and the bounded waits on API objects (`wait_for_objects_condition`). Its release fixtures drive Flux
+HelmRelease / Giant Swarm App objects, which need controllers this local cluster does not run, so releases
+are installed and upgraded with the helm CLI (`Release` below), as a user would.
+
 Env: RLD_KEEP_CLUSTER=1 leaves the cluster running after the session (the next session reuses it);
 RLD_STATE / RLD_PORT_BASE / RLD_CACHE as in hack/cluster.sh.
 """
@@ -91,18 +97,17 @@ def helm(cluster) -> Helm:
 
 
 @pytest.fixture
-def namespace(request, kube, helm):
-    """A fresh namespace per test. Teardown uninstalls its releases, waits for its pods to go, deletes it."""
+def namespace(request, cluster, kube, helm, namespace_factory_function_scope):
+    """A fresh namespace per test (pytest-helm-charts' factory deletes it, and waits, after the test).
+    Teardown first uninstalls its releases and waits for their pods to go."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"t-{slug}-{secrets.token_hex(2)}"
-    from kubernetes import client
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    namespace_factory_function_scope(name)
     yield name
     for rel in helm("list", "-n", name, "-q", "-a").stdout.split():
         helm("uninstall", rel, "-n", name, "--wait", "--timeout", "60s", check=False)
     wait_until(lambda: not kube.pods(name), 60, f"pods of namespace {name} to be deleted after the test",
                state=lambda: pod_summary(kube.pods(name)))
-    kube.core.delete_namespace(name)
 
 
 @dataclass

@@ -24,4 +24,10 @@ def test_ct_install(cluster):
     assert proc.returncode == 0, f"ct install failed (exit {proc.returncode}):\n{out[-6000:]}"
     assert "All charts installed successfully" in out, out[-3000:]
     ci_files = sorted((ROOT / "charts" / "ray-llm-disagg" / "ci").glob("*-values.yaml"))
-    assert len(re.findall(r"Phase:\s+Succeeded", out)) >= len(ci_files), f"expected a Succeeded helm test per ci values file ({len(ci_files)}):\n{out[-3000:]}"
+    # per values file: the install, then its helm test suite and phase
+    summary = "\n".join(re.findall(r"^(?:Installing chart with values file.*|TEST SUITE:.*|Phase:.*)$", out, re.M))
+    for ci in ci_files:
+        assert f'values file "charts/ray-llm-disagg/ci/{ci.name}"' in out, f"{ci.name} not installed:\n{summary}"
+    suites = re.findall(r"^TEST SUITE:\s+(\S+)$(?:\n.*){0,3}?\nPhase:\s+(\w+)$", out, re.M)
+    assert {phase for _, phase in suites} == {"Succeeded"}, summary
+    assert len({name for name, _ in suites}) >= len(ci_files), f"expected a Succeeded helm test per ci values file ({len(ci_files)}):\n{summary}"

@@ -12,6 +12,16 @@ from .kube import CHART, POOL_LABEL, expected_groups, expected_pod_counts, limit
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 
 
+def efa_devices(values: dict, role: str, node_labels: dict) -> int:
+    """EFA devices per pod: the role's efaDevicesPerHost, else the instance type's share for gpusPerHost GPUs
+    (the instance type of the node the pod landed on, from the chart's instanceTypes table)."""
+    v = values[role]
+    if v.get("efaDevicesPerHost") is not None:
+        return v["efaDevicesPerHost"]
+    t = values["instanceTypes"][node_labels["node.kubernetes.io/instance-type"]]
+    return max(1, t["efa"] * v["gpusPerHost"] // t["gpus"])
+
+
 def expected_pool(role: str, values: dict) -> str:
     """Head on the cpu pool; on GPU, each role on its own pool; CPU-only workers on the cpu pool."""
     if role == "head" or values["accelerator"] != "gpu":
@@ -54,7 +64,7 @@ def test_example_installs_and_schedules_on_its_pools(example, release, kube):
             else:
                 assert "nvidia.com/gpu" not in lim, f"{where}: CPU-only pod requests GPUs: {lim}"
             if values["efa"]["enabled"]:
-                assert lim.get("vpc.amazonaws.com/efa") == str(values["efa"]["devicesPerHost"]), f"{where}: limits {lim}"
+                assert lim.get("vpc.amazonaws.com/efa") == str(efa_devices(values, role, labels)), f"{where}: limits {lim}"
                 assert parse_quantity(lim.get("hugepages-2Mi", "0")) == parse_quantity(values["efa"]["hugepages2Mi"]), f"{where}: limits {lim}"
                 assert labels.get("vpc.amazonaws.com/efa.present") == "true", where
             else:

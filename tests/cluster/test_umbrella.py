@@ -39,7 +39,8 @@ def test_umbrella_two_models_install_with_unique_names(umbrella_chart, release, 
     keys = [(o["kind"], o["metadata"]["name"]) for o in objects]
     assert len(keys) == len(set(keys)), f"name collision in the umbrella release: {sorted(keys)}"
     rayservices = {o["metadata"]["labels"]["app.kubernetes.io/name"]: o["metadata"]["name"] for o in objects if o["kind"] == "RayService"}
-    assert sorted(rayservices) == sorted(ALIASES), f"RayServices by chart name: {rayservices}"
+    assert sorted(rayservices) == sorted(ALIASES), f"RayServices by chart name: {rayservices} (mistral is off: condition mistral.enabled)"
+    assert not [o for o in objects if o["metadata"]["labels"].get("app.kubernetes.io/name") == "mistral"]
     assert len(set(rayservices.values())) == 2
 
     global_labels = values["global"]["commonLabels"]

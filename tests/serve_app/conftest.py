@@ -27,13 +27,8 @@ def stack() -> Iterator[LocalStack]:
         ports=TESTS_SERVE_APP,
         api_keys=(API_KEY,),
     )
-    local.start(deploy_timeout_s=900)
-    try:
+    with local.running(deploy_timeout_s=900):
         yield local
-    finally:
-        local.stop()
-        leftovers = local.cluster.processes()
-        assert not leftovers, f"processes left after stopping the test cluster: {[p.pid for p in leftovers]}"
 
 
 @pytest.fixture(scope="package")

@@ -141,3 +141,11 @@ def test_a_client_that_asks_gets_the_record_in_the_stream_and_others_do_not() ->
     trace = result.server_trace
     assert trace is not None and trace["request_id"] == "req-9" and trace["path"] == "local"
     assert {"ingress_received", "replica_first_out", "ingress_first_out"} <= set(trace["t_ms"])
+
+
+def test_the_remote_path_reports_its_own_segments_only() -> None:
+    names = ["ingress_received", "ingress_dispatched", "replica_received", "prefill_sent", "prefill_returned",
+             "engine_called", "engine_first_chunk", "replica_first_out", "ingress_first_in", "ingress_first_out"]
+    clock = HopClock(path="remote", stamps={name: float(i) for i, name in enumerate(names)})
+    assert set(clock.segments()) == {*hops.PATH_SEGMENTS["remote"], "ingress_total"}
+    assert "replica_to_engine" not in clock.segments()  # it would span the whole remote prefill

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -73,11 +74,13 @@ def test_chat_and_completions_stream_and_not(disagg: OpenAI, prompt_words: int) 
     chat = disagg.chat.completions.create(
         model=MODEL_ID, messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0
     )
-    assert chat.choices[0].message.content and chat.choices[0].finish_reason == "length"
+    # The tiny model's weights are random: its 8 tokens may all be special ones that detokenize to "",
+    # so the test checks the tokens were generated, not that they spell something.
+    assert isinstance(chat.choices[0].message.content, str) and chat.choices[0].finish_reason == "length"
     assert chat.usage.completion_tokens == 8
 
     completion = disagg.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=8, temperature=0)
-    assert completion.choices[0].text and completion.usage.completion_tokens == 8
+    assert isinstance(completion.choices[0].text, str) and completion.usage.completion_tokens == 8
 
     chunks = list(
         disagg.chat.completions.create(
@@ -244,10 +247,15 @@ def test_a_streamed_request_leaves_a_per_hop_trace_and_hop_metrics(
 ) -> None:
     request_id = f"hop-trace-{uuid.uuid4()}"
     body = {"model": MODEL_ID, "prompt": long_prompt(300), "max_tokens": 4, "stream": True, "temperature": 0}
-    with http.stream("POST", f"{app}/v1/completions", json=body, headers={"x-request-id": request_id}) as r:
+    with http.stream("POST", f"{app}/v1/completions", json=body,
+                     headers={"x-request-id": request_id, "x-rld-trace": "1"}) as r:
         assert r.status_code == 200
-        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        lines = list(r.iter_lines())
+    events = [line for line in lines if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and all("ReplicaStamps" not in e for e in events)
+    # asked for, the record came in the stream too, after the first chunk, as an SSE comment
+    in_stream = [json.loads(line[len(": rld-trace "):]) for line in lines if line.startswith(": rld-trace ")]
+    assert len(in_stream) == 1 and in_stream[0]["request_id"] == request_id and in_stream[0]["path"] == path
 
     logs = stack.cluster.temp_dir / "session_latest" / "logs"
     wait_until("the frontend's trace line", lambda: request_id in hops.read_traces(logs), timeout_s=30, every_s=1)

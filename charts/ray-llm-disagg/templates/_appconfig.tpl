@@ -1,0 +1,60 @@
+{{/*
+values -> the app's args (serve_app.config.AppConfig): a plain mirror. The keys AppConfig has are taken
+from .Values at the same paths and renamed camelCase -> snake_case by walking the generated field tree
+(templates/_generated.tpl, from AppConfig itself); keys the app does not have (Kubernetes ones) are not
+passed. Optional fields left empty ("" or {}) stay unset. Then the chart fills what it derives:
+  - aggregated mode: no prefill, kv_transfer or remote_prefill_min_tokens (only decode runs)
+  - kv_transfer.backend / buffer_device when empty (from efa.enabled / accelerator)
+  - <role>.accelerator_type when empty (from the role's instance type; none on CPU)
+  - auth.api_keys_file from auth.apiKeySecret (the Secret mounted on every Ray pod)
+*/}}
+
+{{/* Mirror of one level ({fields, values}; JSON). */}}
+{{- define "ray-llm-disagg.mirror" -}}
+{{- $out := dict -}}
+{{- $vals := default dict .values -}}
+{{- range $snake, $f := .fields -}}
+{{- if hasKey $vals $f.v -}}
+{{- $val := index $vals $f.v -}}
+{{- if and (hasKey $f "f") (kindIs "map" $val) -}}
+{{- $_ := set $out $snake (include "ray-llm-disagg.mirror" (dict "fields" $f.f "values" $val) | fromJson) -}}
+{{- else if not (and $f.o (or (kindIs "invalid" $val) (empty $val))) -}}
+{{- $_ := set $out $snake (deepCopy $val) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* The app's args (YAML). */}}
+{{- define "ray-llm-disagg.appArgs" -}}
+{{- $V := .Values -}}
+{{- $args := include "ray-llm-disagg.mirror" (dict "fields" (include "ray-llm-disagg.appFields" . | fromJson) "values" $V) | fromJson -}}
+{{- if eq $V.mode "aggregated" -}}
+{{- $_ := unset $args "prefill" -}}
+{{- $_ := unset $args "kv_transfer" -}}
+{{- $_ := unset $args "remote_prefill_min_tokens" -}}
+{{- else -}}
+{{- $kv := $args.kv_transfer -}}
+{{- $_ := set $kv "backend" (include "ray-llm-disagg.kvBackend" .) -}}
+{{- $_ := set $kv "buffer_device" (include "ray-llm-disagg.kvBufferDevice" .) -}}
+{{- end -}}
+{{- range $role := splitList " " (include "ray-llm-disagg.roles" .) -}}
+{{- $r := index $args $role -}}
+{{- $acc := include "ray-llm-disagg.acceleratorType" (dict "root" $ "role" $role) -}}
+{{- if $acc -}}{{- $_ := set $r "accelerator_type" $acc -}}{{- else -}}{{- $_ := unset $r "accelerator_type" -}}{{- end -}}
+{{- end -}}
+{{- if $V.auth.apiKeySecret.name -}}
+{{- $auth := default dict $args.auth -}}
+{{- $_ := set $auth "api_keys_file" (printf "%s/%s" (include "ray-llm-disagg.apiKeysDir" .) $V.auth.apiKeySecret.key) -}}
+{{- $_ := set $args "auth" $auth -}}
+{{- end -}}
+{{- toYaml $args -}}
+{{- end -}}
+
+{{/* serveConfigV2 (YAML): Serve's HTTP options and the one application. */}}
+{{- define "ray-llm-disagg.serveConfigV2" -}}
+{{- $http := merge (dict "host" "0.0.0.0" "port" (int .Values.serve.port)) (deepCopy (default dict .Values.serve.httpOptions)) -}}
+{{- $app := dict "name" .Values.serve.appName "route_prefix" .Values.serve.routePrefix "import_path" .Values.serve.importPath "args" (include "ray-llm-disagg.appArgs" . | fromYaml) -}}
+{{- toYaml (dict "http_options" $http "applications" (list $app)) -}}
+{{- end -}}
