@@ -14,7 +14,7 @@ Layout of one plan: the HTTP port, plus a block of 1000 ports at `base`:
     base + 10*(i+1) .. + 5    node i: dashboard agent listen/grpc, metrics export, runtime env agent,
                               node manager, object manager
     base + 90 .. + 99         auxiliary servers of a test or bench (e.g. vLLM's own OpenAI server)
-    base + 100 + 40*k (+ 20)  NIXL side-channel base of prefill (decode) of the stack's k-th app (k < 2; Ray
+    base + 100 + 20*k (+ 10)  NIXL side-channel base of prefill (decode) of the stack's k-th app (k < 5; Ray
                               adds replica rank x TP x PP within a deployment, never across apps)
     base + 200 + 150*i ..+149 node i: Ray worker processes
     base + 800 .. + 849       Serve direct-ingress HTTP servers of ingress replicas (high-throughput mode)
@@ -39,8 +39,8 @@ NODE_PORT_FLAGS = (
     "object-manager-port",
 )
 WORKERS_PER_NODE = 150
-SIDE_CHANNEL_SPAN = 20  # ports per role: replicas x TP x PP on one node
-MAX_APPS_WITH_KV = 2  # apps of one stack that move KV (each needs its own side-channel ports)
+SIDE_CHANNEL_SPAN = 10  # ports per role and app: replicas x TP x PP of a local stack (CPU: TP = PP = 1)
+MAX_APPS_WITH_KV = 5  # apps of one stack that move KV (each needs its own side-channel ports)
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
