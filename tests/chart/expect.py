@@ -328,6 +328,14 @@ def check_pod_fields(r: Rendered, group: str) -> None:
         assert vols[m["name"]]["secret"]["items"] == [{"key": keys["key"], "path": keys["key"]}]
     else:
         assert "/etc/ray-llm-disagg/api-keys" not in mounts
+    ovk = v["overflow"]["apiKeySecret"]
+    if ovk["name"]:  # the overflow endpoint's key: its own read-only Secret mount on every Ray pod
+        m = mounts["/etc/ray-llm-disagg/overflow-key"]
+        assert m["readOnly"] is True and m["name"] == "overflow-key"
+        assert vols[m["name"]]["secret"] == {"secretName": ovk["name"], "defaultMode": 0o444,
+                                             "items": [{"key": ovk["key"], "path": ovk["key"]}]}
+    else:
+        assert "/etc/ray-llm-disagg/overflow-key" not in mounts and "overflow-key" not in vols
     if (gv["securityContext"] or {}).get("readOnlyRootFilesystem"):
         assert vols[mounts["/tmp"]["name"]]["emptyDir"] == {}
     for vol in gv["extraVolumes"]:
@@ -546,6 +554,28 @@ def check_serve_config(r: Rendered) -> AppConfig:
         assert args["auth"]["api_keys_file"] == f"/etc/ray-llm-disagg/api-keys/{keys['key']}"
     else:
         assert "api_keys_file" not in (args.get("auth") or {})
+    assert list(cfg.auth.cors_allow_origins) == v["auth"]["corsAllowOrigins"]
+    if v["mode"] != "aggregated":
+        assert cfg.kv_transfer.load_failure_policy == v["kvTransfer"]["loadFailurePolicy"]
+    # request limits, admission, failover: the values as they are (null: unset, the app's default)
+    for block, spec in (("limits", cfg.limits), ("admission", cfg.admission), ("failover", cfg.failover)):
+        for key, val in v[block].items():
+            assert getattr(spec, snake(key)) == val, f"{block}.{key}"
+    # overflow: the values, the key file from overflow.apiKeySecret
+    o, ov = cfg.overflow, v["overflow"]
+    assert (o.enabled, o.base_url, o.model_map, o.max_in_flight, o.queue_threshold) == (
+        ov["enabled"], ov["baseUrl"] or None, ov["modelMap"], ov["maxInFlight"], ov["queueThreshold"])
+    assert (o.on_saturation, o.on_role_unavailable, o.connect_timeout_s) == (
+        ov["onSaturation"], ov["onRoleUnavailable"], ov["connectTimeoutS"])
+    assert o.api_key_env == (ov["apiKeyEnv"] or None)
+    if ov["apiKeySecret"]["name"]:
+        assert o.api_key_file == f"/etc/ray-llm-disagg/overflow-key/{ov['apiKeySecret']['key']}"
+    else:
+        assert o.api_key_file == (ov["apiKeyFile"] or None)
+    assert "api_key_secret" not in args["overflow"], "chart-only key"
+    # the admission queue fits under what Serve lets reach a frontend replica (the app's own split)
+    in_flight, queued = cfg.admission_limits()
+    assert in_flight + queued + (o.max_in_flight if o.enabled else 0) <= cfg.frontend.max_ongoing_requests
     return cfg
 
 

@@ -27,6 +27,7 @@ PUSH = {"kvTransfer": {"connector": "NixlPushConnector"}}
 GPU8 = {"tensorParallelSize": 8, "gpusPerHost": 8}
 EFA = {"efa": {"enabled": True}}
 SCHEMA = "values don't meet the specifications of the schema"
+OVERFLOW = {"enabled": True, "baseUrl": "https://api.example.com/v1"}
 
 
 @dataclass
@@ -280,6 +281,46 @@ INVALID: list[Bad] = [
     Bad("shm-not-quantity", {"decode": {"shmSizeLimit": "16 GB"}}, "decode.shmSizeLimit", "Kubernetes quantity"),
     Bad("resources-not-quantity", {"decode": {"resources": {"limits": {"memory": "64 GiB"}}}},
         "decode.resources.limits.memory", "Kubernetes quantity"),
+    # --- request limits, admission control, failover, overflow (AppConfig's validators, mirrored) ---
+    Bad("overflow-enabled-without-base-url", {"overflow": {"enabled": True}},
+        "overflow.baseUrl", "required when overflow.enabled is true", app=True),
+    Bad("overflow-base-url-not-http", {"overflow": {"baseUrl": "api.example.com/v1"}}, "overflow.baseUrl", "an http(s) URL", app=True),
+    Bad("overflow-key-file-and-env", {"overflow": {**OVERFLOW, "apiKeyFile": "/keys/k", "apiKeyEnv": "OVERFLOW_KEY"}},
+        "overflow.apiKeyEnv", "set overflow.apiKeyFile or overflow.apiKeyEnv, not both", app=True),
+    Bad("overflow-secret-and-key-file", {"overflow": {"apiKeySecret": {"name": "overflow-key"}, "apiKeyFile": "/keys/k"}},
+        "overflow.apiKeyFile", "overflow.apiKeySecret already sets"),
+    Bad("overflow-secret-and-key-env", {"overflow": {**OVERFLOW, "apiKeySecret": {"name": "overflow-key"}, "apiKeyEnv": "K"}},
+        "overflow.apiKeyEnv", "overflow.apiKeySecret already sets", app=True),
+    Bad("overflow-secret-bad-name", {"overflow": {"apiKeySecret": {"name": "Overflow_Key"}}},
+        "overflow.apiKeySecret.name", "Kubernetes object name"),
+    Bad("overflow-inline-key", {"overflow": {**OVERFLOW, "apiKey": "sk-inline"}}, "overflow.apiKey", "additional properties"),
+    Bad("overflow-queue-threshold-negative", {"overflow": {"queueThreshold": -1}}, "overflow.queueThreshold", "minimum", app=True),
+    Bad("admission-above-frontend", {"admission": {"maxInFlight": 600, "maxQueued": 500}},
+        "admission.maxInFlight", "= 1100 exceeds frontend.maxOngoingRequests (1000)", app=True),
+    Bad("admission-in-flight-above-frontend", {"frontend": {"maxOngoingRequests": 100}, "admission": {"maxInFlight": 150}},
+        "admission.maxInFlight", "admission.maxQueued (0, derived) = 150 exceeds frontend.maxOngoingRequests (100)", app=True),
+    Bad("admission-plus-overflow-above-frontend", {"overflow": OVERFLOW, "admission": {"maxInFlight": 500, "maxQueued": 500}},
+        "overflow.maxInFlight", "overflow.maxInFlight (64, overflow.enabled) = 1064 exceeds frontend.maxOngoingRequests", app=True),
+    Bad("overflow-in-flight-above-frontend", {"frontend": {"maxOngoingRequests": 50}, "overflow": OVERFLOW},
+        "frontend.maxOngoingRequests", "= 65 exceeds frontend.maxOngoingRequests (50)", app=True),
+    Bad("admission-queue-negative", {"admission": {"maxQueued": -1}}, "admission.maxQueued", "minimum", app=True),
+    Bad("admission-in-flight-zero", {"admission": {"maxInFlight": 0}}, "admission.maxInFlight", "minimum", app=True),
+    Bad("admission-wait-zero", {"admission": {"maxQueueWaitS": 0}}, "admission.maxQueueWaitS", "exclusiveMinimum", app=True),
+    Bad("limits-body-too-small", {"limits": {"maxBodyBytes": 100}}, "limits.maxBodyBytes", "minimum", app=True),
+    Bad("limits-max-tokens-zero", {"limits": {"maxTokens": 0}}, "limits.maxTokens", "minimum", app=True),
+    Bad("limits-max-n-string", {"limits": {"maxN": "8"}}, "limits.maxN", "want integer"),
+    Bad("failover-prefill-timeout-zero", {"failover": {"prefillTimeoutS": 0}}, "failover.prefillTimeoutS", "exclusiveMinimum", app=True),
+    Bad("failover-retry-after-zero", {"failover": {"retryAfterS": 0}}, "failover.retryAfterS", "minimum", app=True),
+    Bad("kv-load-failure-policy-enum", {"kvTransfer": {"loadFailurePolicy": "retry"}}, "kvTransfer.loadFailurePolicy",
+        "must be one of", app=True),
+    Bad("cors-origins-not-a-list", {"auth": {"corsAllowOrigins": "https://chat.example.com"}}, "auth.corsAllowOrigins",
+        "want array", app=True),
+    Bad("extra-volume-named-overflow-key", {"overflow": {"apiKeySecret": {"name": "ovk"}},
+                                            "decode": {"extraVolumes": [{"name": "overflow-key", "emptyDir": {}}]}},
+        "decode.extraVolumes[0].name", "a volume the chart adds"),
+    Bad("extra-mount-on-overflow-key-dir", {"overflow": {"apiKeySecret": {"name": "ovk"}},
+                                            "head": {"extraVolumeMounts": [{"name": "x", "mountPath": "/etc/ray-llm-disagg/overflow-key"}]}},
+        "head.extraVolumeMounts[0].mountPath", "mounted by the chart"),
     # --- the app's API keys, Ray auth, GCS fault tolerance ---
     Bad("api-key-secret-bad-name", {"auth": {"apiKeySecret": {"name": "My_Keys"}}}, "auth.apiKeySecret.name", "Kubernetes object name"),
     Bad("api-key-secret-empty-key", {"auth": {"apiKeySecret": {"name": "keys", "key": ""}}}, "auth.apiKeySecret.key", "Secret key"),

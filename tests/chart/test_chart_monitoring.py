@@ -226,12 +226,14 @@ def test_rules_pass_their_promtool_unit_tests(tmp_path: Path) -> None:
 
 def test_unit_tests_fail_when_a_threshold_moves(tmp_path: Path) -> None:
     """The unit tests pin the behaviour: the same tests against looser thresholds must fail."""
-    looser = monitoring({"alerts": {"prefillQueue": {"waitingPerEngine": 50}, "decodeKvCache": {"usage": 0.99}},
+    looser = monitoring({"alerts": {"prefillQueue": {"waitingPerEngine": 50}, "decodeKvCache": {"usage": 0.99},
+                                    "admissionRejections": {"ratio": 0.5}, "overflowFailures": {"ratio": 0.5}},
                          "slo": {"ttft": {"objective": 0.5, "thresholdSeconds": 2.5}}})
     d = promtool_dir(tmp_path, rule_spec(looser, release="llm"))
     proc = run([tool("promtool"), "test", "rules", "alerts_test.yaml"], cwd=d)
     assert proc.returncode != 0
-    for alert in ("RLDPrefillQueueSaturated", "RLDDecodeKVCacheNearFull", "RLDTTFTBudgetBurn"):
+    for alert in ("RLDPrefillQueueSaturated", "RLDDecodeKVCacheNearFull", "RLDTTFTBudgetBurn", "RLDAdmissionRejections",
+                  "RLDOverflowFailing"):
         assert f"alertname: {alert}" in proc.stdout + proc.stderr, f"no unit test noticed {alert}: {proc.stdout}{proc.stderr}"
 
 
@@ -261,7 +263,8 @@ def test_every_alert_has_a_runbook_entry_and_says_what_happened() -> None:
     assert alert_names(spec) == {
         "RLDMetricsTargetDown", "RLDKVTransferFailures", "RLDKVBlocksExpired", "RLDKVTransferSlow",
         "RLDTTFTBudgetBurn", "RLDITLBudgetBurn", "RLDPrefillQueueSaturated", "RLDDecodeKVCacheNearFull",
-        "RLDPrefillDecodeImbalance", "RLDDecodeOnlyFallback", "RLDRemotePrefillWithoutKV", "RLDOverflowActive"}
+        "RLDPrefillDecodeImbalance", "RLDDecodeOnlyFallback", "RLDRemotePrefillWithoutKV", "RLDOverflowActive",
+        "RLDOverflowFailing", "RLDAdmissionRejections", "RLDPrefillFailovers", "RLDRoleUnavailable"}
     source = yaml.safe_load((CHART / "schema" / "chart.yaml").read_text())
     disabled_enum = source["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]["disabled"]["items"]["enum"]
     assert set(disabled_enum) == alert_names(spec), "schema/chart.yaml's list of alert names is stale"
@@ -274,6 +277,22 @@ def test_runbook_base_url_and_disabled_alerts() -> None:
     assert all(a["annotations"]["runbook_url"] == f"https://wiki.example/llm#{a['alert'].lower()}" for a in alerts(spec))
     err = render_error(values=[ALL_ON, monitoring({"prometheusRule": {"disabled": ["RLDNoSuchAlert"]}})])
     assert key_named(err, "monitoring.prometheusRule.disabled.0"), err
+
+
+@pytest.mark.parametrize(("values", "roles"), [
+    ({}, "prefill|decode"),
+    ({"mode": "aggregated"}, "decode"),
+    ({"prefill": {"autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2}}}, "decode"),
+    ({"mode": "aggregated", "decode": {"replicas": 0, "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2}}}, None),
+])
+def test_role_unavailable_leaves_out_roles_that_scale_to_zero(values: dict, roles: str | None) -> None:
+    """A role autoscaling from zero has no running replica by design; with no role left the alert is not rendered."""
+    rules = [a for a in alerts(rule_spec(values)) if a["alert"] == "RLDRoleUnavailable"]
+    if roles is None:
+        assert not rules
+    else:
+        (rule,) = rules
+        assert f'role=~"{roles}"' in rule["expr"], rule["expr"]
 
 
 def selectors_of(spec: dict) -> list[dict]:

@@ -216,6 +216,31 @@ MATRIX: dict[str, dict] = {
                                             "decode": {**GPU8, "tensorParallelSize": 8, "pipelineParallelSize": 2,
                                                        "nodeSelector": P5}},
     "serve-request-timeout-above-first-token": {"serve": {"httpOptions": {"request_timeout_s": 600}}, "timeouts": {"firstTokenS": 300}},
+    # ---- request limits, admission control, failover, overflow (issue 10) ----
+    "overflow-with-key-secret": {"overflow": {"enabled": True, "baseUrl": "https://api.example.com/v1",
+                                              "apiKeySecret": {"name": "overflow-api-key", "key": "token"},
+                                              "modelMap": {"Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b-instruct"},
+                                              "queueThreshold": 8, "maxInFlight": 32, "onRoleUnavailable": False,
+                                              "connectTimeoutS": 2.5},
+                                 "auth": {"apiKeySecret": {"name": "llm-api-keys"},
+                                          "corsAllowOrigins": ["https://chat.example.com"]}},
+    "overflow-key-from-env": {"overflow": {"enabled": True, "baseUrl": "http://fallback.internal:8000/v1",
+                                           "apiKeyEnv": "OVERFLOW_API_KEY"},
+                              "extraEnv": [{"name": "OVERFLOW_API_KEY",
+                                            "valueFrom": {"secretKeyRef": {"name": "fallback", "key": "key"}}}]},
+    "overflow-key-secret-while-off": {"overflow": {"apiKeySecret": {"name": "overflow-api-key"}}},
+    "limits-admission-failover-changed": {
+        "limits": {"maxBodyBytes": 1048576, "maxN": 2, "maxTokens": 4096, "maxMessages": 256, "maxPrompts": 8},
+        "admission": {"maxInFlight": 200, "maxQueued": 0, "maxQueueWaitS": 5.5, "retryAfterS": 2},
+        "failover": {"retryOtherPrefill": False, "localFallback": False, "routingTimeoutS": 0.5, "prefillTimeoutS": 12,
+                     "suspectS": 0, "maxLocalFallbacks": 0, "statusPollS": 1, "retryAfterS": 3},
+        "kvTransfer": {"loadFailurePolicy": "fail"},
+        "frontend": {"maxOngoingRequests": 300}},
+    "admission-exactly-fills-frontend": {"frontend": {"maxOngoingRequests": 200},
+                                         "admission": {"maxInFlight": 100, "maxQueued": 50},
+                                         "overflow": {"enabled": True, "baseUrl": "https://api.example.com/v1", "maxInFlight": 50}},
+    "admission-derived-with-overflow": {"frontend": {"maxOngoingRequests": 65},
+                                        "overflow": {"enabled": True, "baseUrl": "https://api.example.com/v1"}},
 }
 
 
@@ -283,7 +308,8 @@ def test_p5_llama3_70b_is_the_classic_case():
     assert r.head["template"]["spec"]["nodeSelector"] == {"karpenter.sh/nodepool": "cpu"}
     args = r.args
     assert args["kv_transfer"] == {"connector": "NixlPushConnector", "backend": "LIBFABRIC", "buffer_device": "cuda",
-                                   "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "tokenize_once": True}
+                                   "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "tokenize_once": True,
+                                   "load_failure_policy": "recompute"}
     assert (args["prefill"]["tensor_parallel_size"], args["prefill"]["pipeline_parallel_size"]) == (8, 2)
     assert (args["decode"]["tensor_parallel_size"], args["decode"]["pipeline_parallel_size"]) == (8, 1)
     # push connector: explicit, distinct side-channel ports per role (Ray 2.58 leaves them unset)
@@ -312,7 +338,8 @@ def test_cpu_tiny_has_no_gpus_and_no_efa():
         assert needle not in text, needle
     assert r.args["accelerator"] == "cpu"
     assert r.args["kv_transfer"] == {"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cpu",
-                                     "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "tokenize_once": True}
+                                     "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "tokenize_once": True,
+                                   "load_failure_policy": "recompute"}
     for g in r.groups.values():
         assert not g["template"]["spec"].get("tolerations")
         limits = container(g["template"])["resources"]["limits"]

@@ -151,6 +151,9 @@ def expected_args(v: dict) -> dict:
     keys = v["auth"]["apiKeySecret"]
     if keys["name"]:
         args.setdefault("auth", {})["api_keys_file"] = f"/etc/ray-llm-disagg/api-keys/{keys['key']}"
+    overflow_key = v["overflow"]["apiKeySecret"]
+    if overflow_key["name"]:
+        args.setdefault("overflow", {})["api_key_file"] = f"/etc/ray-llm-disagg/overflow-key/{overflow_key['key']}"
     return args
 
 
@@ -204,6 +207,20 @@ APP_INVALID = {
     "unknown-field": {"frontend": {"replica": 2}},
     "unknown-mode": {"mode": "hybrid"},
     "env-not-string": {"engine_env": {"A": 1}},
+    "overflow-without-base-url": {"overflow": {"enabled": True}},
+    "overflow-base-url-not-http": {"overflow": {"base_url": "api.example.com/v1"}},
+    "overflow-key-file-and-env": {"overflow": {"enabled": True, "base_url": "https://api.example.com/v1",
+                                               "api_key_file": "/keys/k", "api_key_env": "OVERFLOW_KEY"}},
+    "admission-above-frontend": {"admission": {"max_in_flight": 900, "max_queued": 200}},
+    "admission-in-flight-above-frontend": {"frontend": {"max_ongoing_requests": 100}, "admission": {"max_in_flight": 101}},
+    "overflow-above-frontend": {"frontend": {"max_ongoing_requests": 50},
+                                "overflow": {"enabled": True, "base_url": "https://api.example.com/v1", "max_in_flight": 64}},
+    "limits-max-n-zero": {"limits": {"max_n": 0}},
+    "limits-body-tiny": {"limits": {"max_body_bytes": 10}},
+    "admission-queue-negative": {"admission": {"max_queued": -1}},
+    "failover-timeout-zero": {"failover": {"prefill_timeout_s": 0}},
+    "load-failure-policy-unknown": {"kv_transfer": {"load_failure_policy": "retry"}},
+    "cors-not-a-list": {"auth": {"cors_allow_origins": "https://chat.example.com"}},
 }
 
 

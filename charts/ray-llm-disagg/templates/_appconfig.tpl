@@ -2,11 +2,13 @@
 values -> the app's args (serve_app.config.AppConfig): a plain mirror. The keys AppConfig has are taken
 from .Values at the same paths and renamed camelCase -> snake_case by walking the generated field tree
 (templates/_generated.tpl, from AppConfig itself); keys the app does not have (Kubernetes ones) are not
-passed. Optional fields left empty ("" or {}) stay unset. Then the chart fills what it derives:
+passed. Optional fields left empty (null, "", {} or []; a number such as admission.maxQueued 0 is a value)
+stay unset. Then the chart fills what it derives:
   - aggregated mode: no prefill, kv_transfer or remote_prefill_min_tokens (only decode runs)
   - kv_transfer.backend / buffer_device when empty (from efa.enabled / accelerator)
   - <role>.accelerator_type when empty (from the role's instance type; none on CPU)
   - auth.api_keys_file from auth.apiKeySecret (the Secret mounted on every Ray pod)
+  - overflow.api_key_file from overflow.apiKeySecret (likewise)
 */}}
 
 {{/* Mirror of one level ({fields, values}; JSON). */}}
@@ -18,7 +20,7 @@ passed. Optional fields left empty ("" or {}) stay unset. Then the chart fills w
 {{- $val := index $vals $f.v -}}
 {{- if and (hasKey $f "f") (kindIs "map" $val) -}}
 {{- $_ := set $out $snake (include "ray-llm-disagg.mirror" (dict "fields" $f.f "values" $val) | fromJson) -}}
-{{- else if not (and $f.o (or (kindIs "invalid" $val) (empty $val))) -}}
+{{- else if not (and $f.o (or (kindIs "invalid" $val) (and (or (kindIs "string" $val) (kindIs "map" $val) (kindIs "slice" $val)) (empty $val)))) -}}
 {{- $_ := set $out $snake (deepCopy $val) -}}
 {{- end -}}
 {{- end -}}
@@ -48,6 +50,11 @@ passed. Optional fields left empty ("" or {}) stay unset. Then the chart fills w
 {{- $auth := default dict $args.auth -}}
 {{- $_ := set $auth "api_keys_file" (printf "%s/%s" (include "ray-llm-disagg.apiKeysDir" .) $V.auth.apiKeySecret.key) -}}
 {{- $_ := set $args "auth" $auth -}}
+{{- end -}}
+{{- if $V.overflow.apiKeySecret.name -}}
+{{- $overflow := default dict $args.overflow -}}
+{{- $_ := set $overflow "api_key_file" (printf "%s/%s" (include "ray-llm-disagg.overflowKeyDir" .) $V.overflow.apiKeySecret.key) -}}
+{{- $_ := set $args "overflow" $overflow -}}
 {{- end -}}
 {{- toYaml $args -}}
 {{- end -}}

@@ -63,6 +63,9 @@ Full name: the RayService name. Not truncated: a name KubeRay cannot take fails 
 {{/* Where the API-key Secret is mounted in every Ray container (auth.apiKeySecret). */}}
 {{- define "ray-llm-disagg.apiKeysDir" -}}/etc/ray-llm-disagg/api-keys{{- end -}}
 
+{{/* Where the overflow endpoint's key Secret is mounted in every Ray container (overflow.apiKeySecret). */}}
+{{- define "ray-llm-disagg.overflowKeyDir" -}}/etc/ray-llm-disagg/overflow-key{{- end -}}
+
 {{/* Base URL of the OpenAI API inside the cluster: the serve Service, its port and the route prefix. */}}
 {{- define "ray-llm-disagg.serveUrl" -}}
 {{- printf "http://%s.%s.svc:%d%s" (include "ray-llm-disagg.serveServiceName" .) (include "ray-llm-disagg.namespace" .) (int .Values.serve.port) (trimSuffix "/" .Values.serve.routePrefix) -}}

@@ -26,6 +26,12 @@ Returns the PodTemplateSpec as YAML.
 {{- $mounts = append $mounts (dict "name" "api-keys" "mountPath" (include "ray-llm-disagg.apiKeysDir" $root) "readOnly" true) -}}
 {{- $vols = append $vols (dict "name" "api-keys" "secret" (dict "secretName" $V.auth.apiKeySecret.name "defaultMode" 292 "items" (list (dict "key" $V.auth.apiKeySecret.key "path" $V.auth.apiKeySecret.key)))) -}}
 {{- end -}}
+{{- with $V.overflow.apiKeySecret -}}
+{{- if .name -}}
+{{- $mounts = append $mounts (dict "name" "overflow-key" "mountPath" (include "ray-llm-disagg.overflowKeyDir" $root) "readOnly" true) -}}
+{{- $vols = append $vols (dict "name" "overflow-key" "secret" (dict "secretName" .name "defaultMode" 292 "items" (list (dict "key" .key "path" .key)))) -}}
+{{- end -}}
+{{- end -}}
 {{- if (default dict $v.securityContext).readOnlyRootFilesystem -}}
 {{- $mounts = append $mounts (dict "name" "tmp" "mountPath" "/tmp") -}}
 {{- $vols = append $vols (dict "name" "tmp" "emptyDir" dict) -}}

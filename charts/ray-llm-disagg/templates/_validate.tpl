@@ -44,6 +44,7 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 
 {{- /* Per group (head and roles): ONE set of pod checks */ -}}
 {{- $apiKeys := and $V.auth.apiKeySecret.name true -}}
+{{- $overflowKey := and $V.overflow.apiKeySecret.name true -}}
 {{- range $g := $groups -}}
 {{- $v := index $V $g -}}
 {{- $ctx := dict "root" $ "group" $g -}}
@@ -61,6 +62,7 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- $vols := list "dshm" -}}
 {{- $mounts := list "/dev/shm" -}}
 {{- if $apiKeys -}}{{- $vols = append $vols "api-keys" -}}{{- $mounts = append $mounts (include "ray-llm-disagg.apiKeysDir" $) -}}{{- end -}}
+{{- if $overflowKey -}}{{- $vols = append $vols "overflow-key" -}}{{- $mounts = append $mounts (include "ray-llm-disagg.overflowKeyDir" $) -}}{{- end -}}
 {{- if (default dict $v.securityContext).readOnlyRootFilesystem -}}{{- $vols = append $vols "tmp" -}}{{- $mounts = append $mounts "/tmp" -}}{{- end -}}
 {{- range $i, $vol := default list $v.extraVolumes -}}
 {{- if has $vol.name $vols -}}
@@ -212,6 +214,23 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- if lt (float64 .) (float64 $V.timeouts.firstTokenS) -}}
 {{- $errs = append $errs (printf "serve.httpOptions.request_timeout_s: %v s is shorter than timeouts.firstTokenS (%v s): Serve would time out requests the app still waits for. Raise it, or lower timeouts.firstTokenS." . $V.timeouts.firstTokenS) -}}
 {{- end -}}
+{{- end -}}
+
+{{- /* Admission control must fit under what Serve lets reach a frontend replica (AppConfig._check_admission_fits_frontend,
+defaults as in AppConfig.admission_limits): beyond frontend.maxOngoingRequests Serve queues without bound. */ -}}
+{{- $maxOngoing := int $V.frontend.maxOngoingRequests -}}
+{{- $adm := default dict $V.admission -}}
+{{- $ovf := ternary (int $V.overflow.maxInFlight) 0 (and $V.overflow.enabled true) -}}
+{{- $room := sub $maxOngoing $ovf -}}
+{{- $inFlight := max 1 (div $room 2) -}}
+{{- if not (kindIs "invalid" $adm.maxInFlight) -}}{{- $inFlight = int $adm.maxInFlight -}}{{- end -}}
+{{- $queued := max 0 (sub $room $inFlight) -}}
+{{- if not (kindIs "invalid" $adm.maxQueued) -}}{{- $queued = int $adm.maxQueued -}}{{- end -}}
+{{- $wanted := add $inFlight $queued $ovf -}}
+{{- if gt $wanted $maxOngoing -}}
+{{- $parts := list (printf "admission.maxInFlight (%d%s)" $inFlight (ternary ", derived" "" (kindIs "invalid" $adm.maxInFlight))) (printf "admission.maxQueued (%d%s)" $queued (ternary ", derived" "" (kindIs "invalid" $adm.maxQueued))) -}}
+{{- if $ovf -}}{{- $parts = append $parts (printf "overflow.maxInFlight (%d, overflow.enabled)" $ovf) -}}{{- end -}}
+{{- $errs = append $errs (printf "admission: %s = %d exceeds frontend.maxOngoingRequests (%d): Serve would queue the rest without bound before admission control sees it. Raise frontend.maxOngoingRequests, or lower them." (join " + " $parts) $wanted $maxOngoing) -}}
 {{- end -}}
 
 {{- /* The app's API keys: one source */ -}}
