@@ -230,7 +230,8 @@ class AdmissionSpec(StrictModel):
     """A bounded queue per frontend replica: up to `max_in_flight` requests run, up to `max_queued` wait
     (at most `max_queue_wait_s`); anything beyond gets 429 with Retry-After instead of an unbounded wait.
 
-    Unset limits split frontend.max_ongoing_requests (what Serve lets reach one frontend replica) in half."""
+    Unset limits take the rest of frontend.max_ongoing_requests (what Serve lets reach one frontend replica;
+    less overflow.max_in_flight when overflow is on); with neither set, it is split in half."""
 
     max_in_flight: Optional[int] = Field(default=None, ge=1)
     max_queued: Optional[int] = Field(default=None, ge=0)
@@ -359,8 +360,14 @@ class AppConfig(StrictModel):
     def admission_limits(self) -> tuple[int, int]:
         """(max_in_flight, max_queued) per frontend replica, defaults filled in."""
         room = self.frontend.max_ongoing_requests - (self.overflow.max_in_flight if self.overflow.enabled else 0)
-        in_flight = self.admission.max_in_flight or max(1, room // 2)
-        queued = self.admission.max_queued if self.admission.max_queued is not None else max(0, room - in_flight)
+        queued_set = self.admission.max_queued
+        if self.admission.max_in_flight:
+            in_flight = self.admission.max_in_flight
+        elif queued_set is not None:  # the rest of the room runs (e.g. max_queued 0: no queue, all of it runs)
+            in_flight = max(1, room - queued_set)
+        else:
+            in_flight = max(1, room // 2)
+        queued = queued_set if queued_set is not None else max(0, room - in_flight)
         return in_flight, queued
 
     def max_model_len(self) -> Optional[int]:

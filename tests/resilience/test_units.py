@@ -37,6 +37,23 @@ def test_safety_blocks_default_to_open_config_and_off_overflow() -> None:
 
 
 @pytest.mark.parametrize(
+    "admission,overflow,expected",
+    [
+        ({}, {}, (500, 500)),
+        ({"max_queued": 0}, {}, (1000, 0)),  # no queue: all of the room runs
+        ({"max_queued": 100}, {}, (900, 100)),
+        ({"max_in_flight": 10}, {}, (10, 990)),
+        ({"max_queued": 0}, {"enabled": True, "base_url": "http://127.0.0.1:1/v1", "max_in_flight": 64}, (936, 0)),
+    ],
+)
+def test_unset_admission_limits_take_the_rest_of_the_frontends_room(
+    admission: dict[str, Any], overflow: dict[str, Any], expected: tuple[int, int]
+) -> None:
+    app = AppConfig.model_validate(app_args(admission=admission, overflow=overflow))
+    assert app.admission_limits() == expected
+
+
+@pytest.mark.parametrize(
     "overrides,message",
     [
         ({"overflow": {"enabled": True}}, "overflow.base_url"),

@@ -223,7 +223,8 @@ defaults as in AppConfig.admission_limits): beyond frontend.maxOngoingRequests S
 {{- $ovf := ternary (int $V.overflow.maxInFlight) 0 (and $V.overflow.enabled true) -}}
 {{- $room := sub $maxOngoing $ovf -}}
 {{- $inFlight := max 1 (div $room 2) -}}
-{{- if not (kindIs "invalid" $adm.maxInFlight) -}}{{- $inFlight = int $adm.maxInFlight -}}{{- end -}}
+{{- if not (kindIs "invalid" $adm.maxInFlight) -}}{{- $inFlight = int $adm.maxInFlight -}}
+{{- else if not (kindIs "invalid" $adm.maxQueued) -}}{{- $inFlight = max 1 (sub $room (int $adm.maxQueued)) -}}{{- end -}}
 {{- $queued := max 0 (sub $room $inFlight) -}}
 {{- if not (kindIs "invalid" $adm.maxQueued) -}}{{- $queued = int $adm.maxQueued -}}{{- end -}}
 {{- $wanted := add $inFlight $queued $ovf -}}
