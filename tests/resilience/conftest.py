@@ -39,6 +39,7 @@ from resilience_helpers import (
     MAIN_ADMISSION,
     MAIN_OVERFLOW_CAP,
     MAX_TOKENS_CAP,
+    MEASUREMENTS,
     PREFILL_TIMEOUT_S,
     ROUTING_TIMEOUT_S,
     TEST_PORTS,
@@ -46,6 +47,13 @@ from resilience_helpers import (
 
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if MEASUREMENTS:
+        terminalreporter.section("resilience measurements")
+        for line in MEASUREMENTS:
+            terminalreporter.write_line(line)
+
 
 MODULE_ORDER = ("test_auth", "test_requests", "test_overload", "test_roles", "test_faults")
 

@@ -33,6 +33,17 @@ PREFILL_TIMEOUT_S = 5.0
 ROUTING_TIMEOUT_S = 2.0
 MAX_TOKENS_CAP = 1024
 
+# What the suite measured (fuzz counts, fault runs' worst TTFTs, the 401 body), printed at the end of the
+# run in a "resilience measurements" section (conftest.pytest_terminal_summary), also when it passes.
+MEASUREMENTS: list[str] = []
+
+
+def measured(line: str) -> None:
+    """Print `line` now and repeat it in the end-of-run summary."""
+    print(line)
+    MEASUREMENTS.append(line.strip().splitlines()[0])
+
+
 WORDS = "the quick brown fox jumps over lazy dog model token cache request server hello world".split()
 
 

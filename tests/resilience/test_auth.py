@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from resilience_helpers import API_KEYS, error_of, cluster_metrics, total, wait_until
+from resilience_helpers import API_KEYS, cluster_metrics, error_of, measured, total, wait_until
 
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack
@@ -30,6 +30,8 @@ def test_requests_without_a_valid_key_get_401(anonymous: httpx.Client, headers: 
         assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
         assert response.headers["www-authenticate"] == "Bearer"
         assert response.headers.get("x-request-id")
+        if not headers and path == "/v1/chat/completions":
+            measured(f"auth: {method} {path} without a key -> {response.status_code} {response.text}")
 
 
 def test_each_configured_key_is_accepted(anonymous: httpx.Client) -> None:

@@ -24,6 +24,7 @@ from resilience_helpers import (
     Outcome,
     engine_core,
     long_prompt,
+    measured,
     node_metrics,
     replica_processes,
     running_replicas,
@@ -90,7 +91,7 @@ def test_hung_prefill_is_answered_within_its_deadline(stack: LocalStack, http: h
     finally:
         core.resume()
     outcomes = load.outcomes
-    print(f"\nhung prefill: {len(outcomes)} requests, worst TTFT {worst_ttft(outcomes):.2f} s\n{summary(outcomes)}")
+    measured(f"\nhung prefill: {len(outcomes)} requests, worst TTFT {worst_ttft(outcomes):.2f} s\n{summary(outcomes)}")
     assert outcomes and all(o.ok for o in outcomes), summary(outcomes)
     limit = PREFILL_TIMEOUT_S + ROUTING_TIMEOUT_S + 5
     assert worst_ttft(outcomes) <= limit, summary(outcomes)
@@ -132,7 +133,7 @@ def test_kv_that_cannot_be_loaded_is_recomputed(stack: LocalStack, http: httpx.C
         for core in decode_cores:
             if core.is_running() and core.status() == psutil.STATUS_STOPPED:
                 core.resume()
-    print(f"\nKV load failure: {outcome.describe()}")
+    measured(f"\nKV load failure: {outcome.describe()}")
     assert outcome.ok, outcome.describe()
     wait_until(
         "decode to count the recomputed prompt",
@@ -159,7 +160,7 @@ def test_prefill_replica_killed_under_load_fails_no_request(stack: LocalStack, h
         time.sleep(25)
     outcomes = load.outcomes
     after = [o for o in outcomes if o.started >= killed]
-    print(
+    measured(
         f"\nprefill killed: {len(outcomes)} requests ({len(after)} after the kill), "
         f"worst TTFT {worst_ttft(outcomes):.2f} s\n{summary(outcomes)}"
     )
@@ -195,7 +196,7 @@ def test_decode_replica_killed_new_requests_served_within_10_s(stack: LocalStack
     outcomes = load.outcomes
     after = [o for o in outcomes if o.started >= killed]
     during = [o for o in outcomes if o.started < killed]
-    print(
+    measured(
         f"\ndecode killed: {len(outcomes)} requests, {len(after)} sent after the kill, worst TTFT of those "
         f"{worst_ttft(after):.2f} s\n{summary(outcomes)}"
     )
@@ -207,6 +208,6 @@ def test_decode_replica_killed_new_requests_served_within_10_s(stack: LocalStack
     # Streams that were on the dead replica end promptly: finished, or an error event then [DONE].
     for outcome in during:
         assert outcome.status == 200 and outcome.events and outcome.events[-1] == "[DONE]", outcome.describe()
-    print(f"streams cut by the kill (error event, then [DONE]): {sum(o.error_event for o in during)} of {len(during)}")
+    measured(f"decode killed: streams cut by the kill (error event, then [DONE]): {sum(o.error_event for o in during)} of {len(during)}")
     assert not psutil.pid_exists(victim.pid) or victim.status() == psutil.STATUS_ZOMBIE
     wait_for_full_strength(stack, http)

@@ -15,8 +15,9 @@ from resilience_helpers import (
     MAIN_ADMISSION,
     MAIN_OVERFLOW_CAP,
     Outcome,
-    error_of,
     cluster_metrics,
+    error_of,
+    measured,
     stream_chat,
     total,
     wait_until,
@@ -52,6 +53,7 @@ def test_saturation_overflows_then_queues_then_answers_429(stack: LocalStack, ht
         o.backend if o.status == 200 else o.status for o in outcomes
     )
     details = "\n".join(o.describe() for o in outcomes)
+    measured(f"\nsaturation burst of {burst}: {dict(kinds)} (cluster / external overflow / 429)")
     assert kinds == {"cluster": in_flight + queued, "external": MAIN_OVERFLOW_CAP, 429: extra}, f"{kinds}\n{details}"
     for outcome in outcomes:
         if outcome.status == 200:

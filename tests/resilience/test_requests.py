@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from resilience_helpers import (
     MAX_TOKENS_CAP,
+    measured,
     engine_requests,
     error_of,
     node_metrics,
@@ -283,7 +284,7 @@ def test_fuzzed_requests_never_get_a_5xx(stack: LocalStack, http: httpx.Client) 
 
     send()
     sent = sum(statuses.values())
-    print(f"\nfuzz: {sent} requests (seed {FUZZ_SEED}), status histogram {dict(sorted(statuses.items()))}")
+    measured(f"\nfuzz: {sent} requests (seed {FUZZ_SEED}), status histogram {dict(sorted(statuses.items()))}")
     assert not failures, f"{len(failures)} bad answers:\n" + "\n".join(failures[:20])
     assert sent >= FUZZ_EXAMPLES, f"only {sent} requests were sent"
     assert not any(code >= 500 for code in statuses)

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from resilience_helpers import error_of
+from resilience_helpers import error_of, measured
 
 from serve_app.local.serve_config import MODEL_ID
 
@@ -21,6 +21,8 @@ def test_unplaceable_role_gets_503_naming_it_within_5_s(http: httpx.Client, stre
     started = time.monotonic()
     response = http.post("/unplaced/v1/chat/completions", json={**BODY, "stream": stream})
     elapsed = time.monotonic() - started
+    measured(f"unplaceable role ({'stream' if stream else 'json'}): {response.status_code} after {elapsed:.2f} s, "
+             f"Retry-After {response.headers.get('retry-after')}")
     assert response.status_code == 503, response.text
     assert elapsed < 5, f"answered after {elapsed:.1f} s"
     error = error_of(response)
