@@ -139,7 +139,10 @@ def provoke_nixl_failures(stack: LocalStack) -> None:
     1. a prefill exactly as decode asks for it (`do_remote_decode`), whose KV nobody then pulls: the
        engine frees it when vLLM's KV lease (30 s) runs out -> `vllm:nixl_num_kv_expired_reqs`;
     2. a request told to pull its KV from that prefill at a port where nothing listens: the NIXL
-       handshake fails -> `vllm:nixl_num_failed_transfers` (and the request ends in an error).
+       handshake fails -> `vllm:nixl_num_failed_transfers` (the engine then recomputes the prompt:
+       kv_transfer.load_failure_policy recompute);
+    3. a prompt longer than the context, sent past the frontend's validation: the engine answers with
+       an error -> `ray_rld_request_errors_total` of the prefill role.
     """
     import ray
     from ray import serve
@@ -159,8 +162,14 @@ def provoke_nixl_failures(stack: LocalStack) -> None:
         second = CompletionRequest(model=MODEL_ID, prompt=text, max_tokens=2, stream=False, kv_transfer_params=unreachable)
         try:
             [c async for c in handle.completions.remote(second, None)]
-        except Exception as exc:  # noqa: BLE001 - the failed KV load ends the request; that is the point
-            log(f"pull from an unreachable peer ended as expected: {type(exc).__name__}")
+        except Exception as exc:  # noqa: BLE001 - a failed KV load may also end the request
+            log(f"pull from an unreachable peer ended: {type(exc).__name__}")
+        too_long = CompletionRequest(model=MODEL_ID, prompt=prompt(3000), max_tokens=1, stream=False)
+        try:
+            answer = [c async for c in handle.completions.remote(too_long, None)]
+            log(f"a prompt over the context answered: {str(answer[0])[:200]}")
+        except Exception as exc:  # noqa: BLE001 - an error answer is the point
+            log(f"a prompt over the context ended as expected: {type(exc).__name__}")
 
     ray.init(address=stack.cluster.address, logging_level="WARNING", log_to_driver=False)
     try:
@@ -198,7 +207,8 @@ def observe(stack: LocalStack, *, busy_s: float = 40, every_s: float = 2, client
     log(f"traffic: {traffic.sent} requests in {busy_s:.0f} s, {len(scrapes)} scrapes")
     if with_failures:
         provoke_nixl_failures(stack)
-        want = {"ray_vllm_nixl_num_failed_transfers_total", "ray_vllm_nixl_num_kv_expired_reqs_total"}
+        want = {"ray_vllm_nixl_num_failed_transfers_total", "ray_vllm_nixl_num_kv_expired_reqs_total",
+                "ray_rld_request_errors_total"}
 
         def failures_exported() -> bool:
             scrapes.append(Scrape(time.monotonic() - t0, scrape_all(stack)))
