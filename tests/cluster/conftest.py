@@ -67,7 +67,7 @@ class Cluster:
     kubeconfig: str
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Cluster:
     script = str(ROOT / "hack" / "cluster.sh")
     env = {**os.environ, "PATH": f"{CACHE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -86,12 +86,12 @@ def cluster() -> Cluster:
         assert down.returncode == 0, f"`hack/cluster.sh down` failed:\n{down.stderr}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kube(cluster) -> Kube:
     return Kube(cluster.kubeconfig)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def helm(cluster) -> Helm:
     return Helm(cluster.kubeconfig, tool("helm"))
 

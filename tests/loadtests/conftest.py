@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from lt_helpers import Server
+from .lt_helpers import Server
 
 from serve_app.local.ports import TESTS_LOADTESTS
 

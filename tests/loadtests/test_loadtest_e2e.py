@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lt_helpers import LocustRun, Server, run_locust
+from .lt_helpers import LocustRun, Server, run_locust
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

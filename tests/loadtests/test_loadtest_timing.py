@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from lt_helpers import run_locust
+from .lt_helpers import run_locust
 
 FIRST_S = 0.30
 GAP_S = 0.05

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from lt_helpers import REPO
+from .lt_helpers import REPO
 
 sys.path.insert(0, str(REPO))  # the repo's `loadtests` and `bench` packages
 

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from monitoring_live import Scrape, observe, new_stack
+from .monitoring_live import Scrape, observe, new_stack
 from serve_app.local.stack import LocalStack
 
 

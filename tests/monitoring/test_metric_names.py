@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from monitoring_live import Scrape
+from .monitoring_live import Scrape
 from tests.chart.monitoring_queries import parse_promql, recorded_names, shipped_queries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]

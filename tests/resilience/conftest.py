@@ -31,7 +31,7 @@ from typing import Iterator
 import httpx
 import pytest
 from openai import OpenAI
-from resilience_helpers import (
+from .resilience_helpers import (
     API_KEYS,
     EXTERNAL_KEY,
     EXTERNAL_MODEL,

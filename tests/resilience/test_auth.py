@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from resilience_helpers import API_KEYS, cluster_metrics, error_of, measured, total, wait_until
+from .resilience_helpers import API_KEYS, cluster_metrics, error_of, measured, total, wait_until
 
 from serve_app.local.serve_config import MODEL_ID
 from serve_app.local.stack import LocalStack

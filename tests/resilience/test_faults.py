@@ -17,7 +17,7 @@ import time
 import httpx
 import psutil
 import pytest
-from resilience_helpers import (
+from .resilience_helpers import (
     PREFILL_TIMEOUT_S,
     ROUTING_TIMEOUT_S,
     Load,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from resilience_helpers import (
+from .resilience_helpers import (
     EXTERNAL_KEY,
     MAIN_ADMISSION,
     MAIN_OVERFLOW_CAP,

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
-from resilience_helpers import (
+from .resilience_helpers import (
     MAX_TOKENS_CAP,
     measured,
     engine_requests,

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from resilience_helpers import error_of, measured
+from .resilience_helpers import error_of, measured
 
 from serve_app.local.serve_config import MODEL_ID
 

@@ -12,7 +12,7 @@ import openai
 import psutil
 import pytest
 from openai import OpenAI
-from serve_helpers import Series, label_values, scrape, settled, total, wait_until
+from .serve_helpers import Series, label_values, scrape, settled, total, wait_until
 
 from serve_app import hops
 from serve_app.local.serve_config import MAX_MODEL_LEN, MODEL_ID, REMOTE_PREFILL_MIN_TOKENS
