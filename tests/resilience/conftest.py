@@ -100,43 +100,26 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpo
         "--served-model-name", EXTERNAL_MODEL, "--api-key", EXTERNAL_KEY, "--host", "127.0.0.1",
         "--port", str(EXTERNAL_PORT), "--max-model-len", "2048", "--enforce-eager", "--dtype", "bfloat16",
     ]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{EXTERNAL_PORT}/v1"
-    process = None
+    deadline = time.monotonic() + 600
     try:
-        # Two attempts: once in CI its start stalled for 8 min inside `import pandas` (the machine's 5-min
-        # load average was 10 on 2 cores); a stalled start is stopped after 6 min and tried once more.
-        for attempt in (1, 2):
-            with open(log, "ab") as out:
-                process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = time.monotonic() + 360
-            while not _ready(url, EXTERNAL_KEY):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    break
-                time.sleep(2)
-            else:
-                break
-            exited = process.poll()
-            _stop(process)
-            if attempt == 2 or exited is not None:
+        while not _ready(url, EXTERNAL_KEY):
+            if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"vLLM's OpenAI server did not become ready (attempt {attempt}, exit {exited}; log {log}):\n"
+                    f"vLLM's OpenAI server did not become ready (exit {process.poll()}):\n"
                     + log.read_text(errors="replace")[-3000:]
                 )
-            print(f"external vLLM server not ready after 360 s (log {log}); starting it once more")
+            time.sleep(2)
         yield ExternalEndpoint(url, process, log)
     finally:
-        if process is not None:
-            _stop(process)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="package")
