@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README: `make test`). Installs what the tests need on first run
 # (Go-built tools into the cache, the Python environment), then runs pytest. The suites start
-# their own servers: tests/serve_app and tests/resilience a local Ray + vLLM app, tests/cluster a local control plane.
+# their own servers: tests/serve_app, tests/direct and tests/resilience a local Ray + vLLM app, tests/cluster a local control plane.
 # Usage: hack/test.sh [pytest args...]   (default: the whole tests/ tree)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -3,6 +3,10 @@
 Builds the same graph as Ray Serve LLM's builders, with our server classes:
   disaggregated: ingress -> Decode:<model> (SelectiveDecodeServer) -> Prefill:<model> (MeteredPrefillServer)
   aggregated:    ingress -> Aggregated:<model> (MeteredServer)
+With frontend.direct_streaming the serving deployment is itself the HTTP ingress (serve_app/direct.py),
+as Ray's builders make it under RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING:
+  disaggregated: Decode:<model> (DirectSelectiveDecodeServer) -> Prefill:<model>
+  aggregated:    Aggregated:<model> (DirectMeteredServer)
 Ray's `build_pd_openai_app` hard-codes PDDecodeServer, so the P/D graph is composed here from Ray's
 own pieces (PDServingArgs validation, build_llm_deployment, the OpenAI ingress factory).
 """
@@ -24,7 +28,13 @@ from ray.serve.llm import LLMConfig
 from serve_app.config import AppConfig
 from serve_app.ingress import ENDPOINTS, BoundedOpenAiIngress, make_app
 from serve_app.llm_configs import frontend_deployment_config, role_llm_config
-from serve_app.servers import MeteredPrefillServer, MeteredServer, SelectiveDecodeServer
+from serve_app.servers import (
+    DirectMeteredServer,
+    DirectSelectiveDecodeServer,
+    MeteredPrefillServer,
+    MeteredServer,
+    SelectiveDecodeServer,
+)
 
 
 class AppConfigError(ValueError):
@@ -52,6 +62,7 @@ def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
     app = parse_app_config(args)
     configs = llm_configs(app)  # (AppConfig refuses engine_args.data_parallel_size > 1)
 
+    direct = app.frontend.direct_streaming
     if app.mode == "disaggregated":
         pd = PDServingArgs.model_validate(
             {"prefill_config": configs["prefill"], "decode_config": configs["decode"]}
@@ -60,22 +71,39 @@ def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
             pd.prefill_config, name_prefix="Prefill:", deployment_cls=MeteredPrefillServer
         )
         served_config = pd.decode_config
+        bind_kwargs: dict[str, Any] = {
+            "prefill_server": prefill,
+            "remote_prefill_min_tokens": app.remote_prefill_min_tokens,
+            "failover": app.failover,
+        }
+        prefill_name = prefill._bound_deployment.name
+        if direct:
+            bind_kwargs.update(app_config=app, role_deployments={"prefill": prefill_name})
+            return _direct(served_config, "Decode:", DirectSelectiveDecodeServer, bind_kwargs)
         served = build_llm_deployment(
-            served_config,
-            name_prefix="Decode:",
-            deployment_cls=SelectiveDecodeServer,
-            bind_kwargs={
-                "prefill_server": prefill,
-                "remote_prefill_min_tokens": app.remote_prefill_min_tokens,
-                "failover": app.failover,
-            },
+            served_config, name_prefix="Decode:", deployment_cls=SelectiveDecodeServer, bind_kwargs=bind_kwargs
         )
-        roles = {"decode": served._bound_deployment.name, "prefill": prefill._bound_deployment.name}
+        roles = {"decode": served._bound_deployment.name, "prefill": prefill_name}
     else:
         served_config = configs["decode"]
+        if direct:
+            return _direct(served_config, "Aggregated:", DirectMeteredServer, {"app_config": app})
         served = build_llm_deployment(served_config, name_prefix="Aggregated:", deployment_cls=MeteredServer)
         roles = {"decode": served._bound_deployment.name}
     return _bind_ingress(app, served_config, served, roles)
+
+
+def _direct(served_config: LLMConfig, name_prefix: str, cls: type, bind_kwargs: dict[str, Any]) -> Application:
+    """The serving deployment as the HTTP ingress (its ASGI app built late, once the engine runs).
+
+    Unlike Ray's direct-streaming builders, no LLMRouter deployment: HAProxy would ask it over HTTP which
+    replica takes each request (~1 ms more per request); without one, HAProxy balances the serving replicas
+    itself (leastconn, RAY_SERVE_HAPROXY_BALANCE_ALGORITHM), as it does any ingress deployment. The cost:
+    no body-aware routing (prefix-cache affinity), which this app does not configure.
+    """
+    return build_llm_deployment(
+        served_config, name_prefix=name_prefix, deployment_cls=serve.ingress()(cls), bind_kwargs=bind_kwargs
+    )
 
 
 def _bind_ingress(app: AppConfig, served_config: LLMConfig, served: Application, roles: dict[str, str]) -> Application:

@@ -174,6 +174,14 @@ class FrontendSpec(StrictModel):
     replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=1, ge=0)
     max_ongoing_requests: int = Field(default=1000, ge=1)
+    direct_streaming: bool = Field(
+        default=False,
+        description="Run the frontend inside each serving engine replica (decode, or the aggregated engine) "
+        "instead of as its own deployment: HAProxy sends each request straight to a serving replica (Ray "
+        "Serve LLM's direct streaming), one Serve hop fewer. Same guards, same errors; admission and overflow "
+        "limits then hold per serving replica, and replicas/num_cpus size nothing. Works in both Serve "
+        "modes; the hop it saves is the one left once HAProxy (high-throughput mode) replaced the Python proxy.",
+    )
 
 
 class TimeoutSpec(StrictModel):

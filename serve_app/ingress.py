@@ -396,11 +396,11 @@ class BoundedOpenAiIngress(OpenAiIngress):
             roles[role] = "unknown" if state is None else ("ok" if state.available else f"unavailable: {state.describe()}")
         blocking = await self._blocking_role()
         if blocking is None:
+            roles.setdefault("decode", "ok")  # not watched when this is the decode replica (direct streaming)
             for model_id, handle in self._default_serve_handles.items():
                 try:
                     await asyncio.wait_for(handle.check_health.remote(), timeout=HEALTH_CHECK_TIMEOUT_S)
                 except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
-                    roles.setdefault("decode", "ok")
                     roles["decode"] = f"unavailable: health check failed ({type(exc).__name__})"
                     blocking = EngineUnavailable(f"model {model_id!r} is not healthy: {type(exc).__name__}: {exc}")
         models = sorted(self._default_serve_handles)

@@ -196,6 +196,7 @@ TESTS_RESILIENCE = PortPlan(http=18300, base=14000)
 TESTS_OBSERVABILITY = PortPlan(http=18400, base=15000)
 BENCH = PortPlan(http=18500, base=16000)
 TESTS_FIRST_RUN = PortPlan(http=18600, base=17000)
+TESTS_DIRECT = PortPlan(http=18700, base=19000)
 
 NAMED_PLANS = {
     "demo": DEMO,
@@ -205,6 +206,7 @@ NAMED_PLANS = {
     "tests-observability": TESTS_OBSERVABILITY,
     "bench": BENCH,
     "tests-first-run": TESTS_FIRST_RUN,
+    "tests-direct": TESTS_DIRECT,
 }
 # Ports other local tools of this repo listen on (hack/cluster.sh: RLD_PORT_BASE + 1..6).
 OTHER_TOOLS = {"hack/cluster.sh control plane": range(26401, 26407)}

@@ -36,3 +36,22 @@ def test_the_modes_env_cannot_be_set_by_hand(where: str) -> None:
     values = {"extraEnv": entry} if where == "extraEnv" else {"head": {"extraEnv": entry}}
     err = render_error(values=values)
     assert "serve.highThroughput" in err
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
+def test_direct_streaming_makes_the_serving_deployment_the_ingress(mode: str) -> None:
+    """frontend.directStreaming reaches the app, whose graph then has no frontend deployment: the serving
+    deployment (decode, or the aggregated engine) is Serve's ingress, with the frontend's app inside it."""
+    from serve_app.builder import build_app
+    from serve_app.direct import DirectIngressMixin
+
+    def graph(values: dict) -> tuple[str, type]:
+        args = render(values={"mode": mode, **values}).args
+        ingress = build_app(args)._bound_deployment
+        return ingress.name, ingress.func_or_class
+
+    served = "Decode:" if mode == "disaggregated" else "Aggregated:"
+    name, cls = graph({"frontend": {"directStreaming": True}})
+    assert name.startswith(served) and issubclass(cls, DirectIngressMixin)
+    name, cls = graph({})
+    assert not name.startswith(served) and not issubclass(cls, DirectIngressMixin)

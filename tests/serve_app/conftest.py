@@ -17,6 +17,8 @@ from openai import OpenAI
 from serve_app.local.ports import TESTS_SERVE_APP
 from serve_app.local.stack import LocalStack
 
+from .serve_helpers import authorized_client
+
 API_KEY = "rld-serve-app-tests"  # auth is on, as in the demo (tests/resilience covers auth itself)
 
 
@@ -43,7 +45,5 @@ def agg(stack: LocalStack) -> OpenAI:
 
 @pytest.fixture(scope="package")
 def http(stack: LocalStack) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=f"http://127.0.0.1:{stack.ports.http}", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=180
-    ) as client:
+    with authorized_client(stack, API_KEY) as client:
         yield client

@@ -6,6 +6,7 @@ import time
 from typing import Callable
 
 import httpx
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from serve_app.local.cluster import METRICS_REPORT_INTERVAL_MS
@@ -60,3 +61,22 @@ def settled(url: str, prefixes: tuple[str, ...] = ("ray_rld_", "ray_vllm_"), tim
             return current
         previous = current
     raise AssertionError(f"metrics at {url} still changing after {timeout_s:.0f} s")
+
+
+def engine_core_of(stack, replica_title: str) -> psutil.Process:  # type: ignore[no-untyped-def]
+    """The vLLM EngineCore process under the stack's process whose title contains `replica_title`."""
+    for proc in stack.cluster.processes():
+        try:
+            if replica_title in " ".join(proc.cmdline()):
+                cores = [c for c in proc.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())]
+                if cores:
+                    return cores[0]
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no VLLM::EngineCore under a process titled {replica_title!r}")
+
+
+def authorized_client(stack, api_key: str) -> httpx.Client:  # type: ignore[no-untyped-def]
+    """An httpx client for the stack's HTTP port sending `api_key`."""
+    return httpx.Client(base_url=f"http://127.0.0.1:{stack.ports.http}",
+                        headers={"Authorization": f"Bearer {api_key}"}, timeout=180)

@@ -9,10 +9,9 @@ import uuid
 
 import httpx
 import openai
-import psutil
 import pytest
 from openai import OpenAI
-from .serve_helpers import Series, label_values, scrape, settled, total, wait_until
+from .serve_helpers import Series, engine_core_of, label_values, scrape, settled, total, wait_until
 
 from serve_app import hops
 from serve_app.local.serve_config import MAX_MODEL_LEN, MODEL_ID, REMOTE_PREFILL_MIN_TOKENS
@@ -229,18 +228,6 @@ def test_openai_client_raises_its_typed_errors(disagg: OpenAI) -> None:
         disagg.completions.create(model=MODEL_ID, prompt="hi", max_tokens=-1)
 
 
-def _engine_core_of(stack: LocalStack, replica_title: str) -> psutil.Process:
-    for proc in stack.cluster.processes():
-        try:
-            if replica_title in " ".join(proc.cmdline()):
-                cores = [c for c in proc.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())]
-                if cores:
-                    return cores[0]
-        except psutil.NoSuchProcess:
-            continue
-    raise AssertionError(f"no VLLM::EngineCore under a process titled {replica_title!r}")
-
-
 @pytest.mark.parametrize(("app", "path"), [("", "remote"), ("/agg", "local")], ids=["disaggregated", "aggregated"])
 def test_a_streamed_request_leaves_a_per_hop_trace_and_hop_metrics(
     stack: LocalStack, http: httpx.Client, app: str, path: str
@@ -281,7 +268,7 @@ def test_a_streamed_request_leaves_a_per_hop_trace_and_hop_metrics(
 
 def test_zz_dead_engine_answers_503_instead_of_hanging(stack: LocalStack, http: httpx.Client) -> None:
     """Runs last (it breaks the aggregated app): kill its engine process, the client must get a quick error."""
-    _engine_core_of(stack, "ServeReplica:agg:Aggregated:tiny").kill()
+    engine_core_of(stack, "ServeReplica:agg:Aggregated:tiny").kill()
     started = time.monotonic()
     response = http.post("/agg/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 4})
     elapsed = time.monotonic() - started
