@@ -7,6 +7,7 @@
 
 Modes, each on all G GPUs, one after the other:
   aggregated     our app, G replicas of one engine, one per GPU;
+  aggregated-direct  the same with frontend.direct_streaming (the frontend inside each engine replica);
   disaggregated  our app, G/2 prefill + G/2 decode engines, one per GPU, the KV cache moved by NIXL;
   vllm           G direct vLLM servers, one per GPU, each offered 1/G of the rate by its own Locust process.
 Engines are started by the same launcher as `make demo` (serve_app.local.stack.LocalStack), compiled (CUDA
@@ -50,7 +51,9 @@ from serve_app.local.tiny_model import ensure_tiny_model
 LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
 WORKLOADS = {"4k-256": (4096, 256), "1k-1k": (1024, 1024), "2k-512": (2048, 512)}
 CPU_WORKLOADS = {"256-32": (256, 32), "1k-16": (1024, 16)}
-MODES = ("aggregated", "disaggregated", "vllm")
+MODES = ("aggregated", "aggregated-direct", "disaggregated", "vllm")
+APP_MODES = {"aggregated": ("aggregated", {}), "aggregated-direct": ("aggregated", {"frontend.direct_streaming": True}),
+             "disaggregated": ("disaggregated", {})}  # bench mode -> (app mode, AppConfig overrides)
 
 
 def log(msg: str) -> None:
@@ -117,14 +120,16 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return a
 
 
-def gpu_count(device: str) -> tuple[int, str]:
+def gpu_count(device: str, modes: list[str]) -> tuple[int, str]:
     if device == "cpu":
         return 2, "2xCPU (check only)"
     import torch
 
     count = torch.cuda.device_count()
-    if count < 2 or count % 2:
-        raise SystemExit(f"bench.gpu.pd: needs an even number of GPUs >= 2, this machine has {count}")
+    if "disaggregated" in modes and (count < 2 or count % 2):
+        raise SystemExit(f"bench.gpu.pd: disaggregated needs an even number of GPUs >= 2, this machine has {count}")
+    if count < 1:
+        raise SystemExit("bench.gpu.pd: no CUDA GPU")
     return count, f"{count}x{torch.cuda.get_device_name(0).replace('NVIDIA ', '')}"
 
 
@@ -152,12 +157,13 @@ def engine_setup(a: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any]
 def app_stack(mode: str, gpus: int, a: argparse.Namespace, model: Path, engine: dict[str, Any],
               env: dict[str, str]) -> LocalStack:
     half = gpus // 2
+    app_mode, extra = APP_MODES[mode]
     if a.device == "cpu":
         nodes = (NodeSpec("head", num_cpus=2), NodeSpec("prefill", num_cpus=4, role="prefill"),
                  NodeSpec("decode", num_cpus=4, role="decode"))
         app_args = functools.partial(cpu_app_args, overrides={})
     else:
-        if mode == "aggregated":
+        if app_mode == "aggregated":
             nodes = (NodeSpec("head", num_cpus=4), NodeSpec("decode", num_cpus=8 * gpus, role="decode",
                                                             gpus=tuple(range(gpus))))
         else:
@@ -165,10 +171,10 @@ def app_stack(mode: str, gpus: int, a: argparse.Namespace, model: Path, engine: 
                      NodeSpec("prefill", num_cpus=8 * half, role="prefill", gpus=tuple(range(half))),
                      NodeSpec("decode", num_cpus=8 * half, role="decode", gpus=tuple(range(half, gpus))))
         app_args = functools.partial(gpu_app_args, model_id=a.model_id, engine=engine, env=env, overrides={})
-    overrides = {"decode.replicas": gpus} if mode == "aggregated" else {
+    overrides = {"decode.replicas": gpus} if app_mode == "aggregated" else {
         "decode.replicas": half, "prefill.replicas": half, "remote_prefill_min_tokens": a.remote_prefill_min_tokens}
-    return LocalStack(apps={"llm": ("/", mode)}, ports=BENCH, model_path=model, nodes=nodes, app_args=app_args,
-                      overrides={"llm": overrides}, object_store_bytes=2 * 1024**3 if a.device == "gpu" else 256 * 1024**2,
+    return LocalStack(apps={"llm": ("/", app_mode)}, ports=BENCH, model_path=model, nodes=nodes, app_args=app_args,
+                      overrides={"llm": {**overrides, **extra}}, object_store_bytes=2 * 1024**3 if a.device == "gpu" else 256 * 1024**2,
                       deploy_timeout_s=1800)
 
 
@@ -304,7 +310,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     workloads = list(summary["workloads"])
     fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.6 * len(workloads)), squeeze=False)
     for row, w in enumerate(workloads):
-        for mode in ("aggregated", "disaggregated", "vllm"):
+        for mode in MODES:
             pts = [g for g in summary["goodput"] if g["workload"] == w and g["mode"] == mode]
             if not pts:
                 continue
@@ -332,7 +338,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "commands.txt").write_text("python -m bench.gpu.pd " + " ".join(
         shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])) + "\n")
-    gpus, device = gpu_count(a.device)
+    gpus, device = gpu_count(a.device, a.modes)
     model, engine, env = engine_setup(a, out)
     log(f"{device}; modes {a.modes}; workloads {a.workload_sizes}; rates {a.rates}; {a.duration} s each")
     steps: list[Step] = []

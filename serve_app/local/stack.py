@@ -163,6 +163,12 @@ class LocalStack:
         from ray.serve.schema import ServeDeploySchema
 
         schema = ServeDeploySchema.model_validate(self.serve_config)
+        if ray.is_initialized():
+            raise RuntimeError(
+                "LocalStack: this process is already connected to a Ray cluster (an earlier ray.init(), or a "
+                "Ray API that starts a local Ray on first use); deploying needs a connection to this stack's "
+                f"cluster at {self.cluster.address}. Call ray.shutdown() first."
+            )
         ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
         try:
             for attempt in (1, 2):
