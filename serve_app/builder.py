@@ -97,7 +97,7 @@ def _direct(served_config: LLMConfig, name_prefix: str, cls: type, bind_kwargs: 
     """The serving deployment as the HTTP ingress (its ASGI app built late, once the engine runs).
 
     Unlike Ray's direct-streaming builders, no LLMRouter deployment: HAProxy would ask it over HTTP which
-    replica takes each request (~1 ms more per request); without one, HAProxy balances the serving replicas
+    replica takes each request (~3 ms more per request on 2 CPU cores); without one, HAProxy balances the serving replicas
     itself (leastconn, RAY_SERVE_HAPROXY_BALANCE_ALGORITHM), as it does any ingress deployment. The cost:
     no body-aware routing (prefix-cache affinity), which this app does not configure.
     """

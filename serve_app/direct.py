@@ -115,9 +115,12 @@ class DirectIngressMixin:
     _app_config: AppConfig
     _role_deployments: dict[str, str]
 
-    def _init_direct(self, app_config: AppConfig, role_deployments: Optional[dict[str, str]]) -> None:
+    async def __init__(self, llm_config: Any, *, app_config: AppConfig,
+                       role_deployments: Optional[dict[str, str]] = None, **kwargs: Any) -> None:
+        """The serving class's own arguments, plus the app's config and the other roles' deployment names."""
         self._app_config = app_config
         self._role_deployments = dict(role_deployments or {})
+        await super().__init__(llm_config, **kwargs)  # type: ignore[misc]
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         from serve_app.ingress import ENDPOINTS, BoundedOpenAiIngress, make_app

@@ -35,7 +35,7 @@ from ray.llm._internal.serve.utils.batcher import Batcher
 from serve_app import hops
 from serve_app.hops import HopClock, StreamBatcher
 from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY
-from serve_app.config import AppConfig, FailoverSpec
+from serve_app.config import FailoverSpec
 from serve_app.direct import DirectIngressMixin
 from serve_app.failover import PrefillFailover
 from serve_app.metrics import Path, RequestMetrics
@@ -272,17 +272,7 @@ def _is_vllm_error(value: Any) -> bool:
 class DirectMeteredServer(DirectIngressMixin, MeteredServer):
     """Aggregated mode with `frontend.direct_streaming`: the engine replica serves HTTP itself."""
 
-    async def __init__(self, llm_config: LLMConfig, *, app_config: AppConfig,
-                       role_deployments: Optional[dict[str, str]] = None, **kwargs):
-        self._init_direct(app_config, role_deployments)
-        await super().__init__(llm_config, **kwargs)
-
 
 class DirectSelectiveDecodeServer(DirectIngressMixin, SelectiveDecodeServer):
     """Disaggregated decode with `frontend.direct_streaming`: the decode replica serves HTTP itself (our
     app, not Ray's P/D routes: the same remote/local prefill decision and failover as behind a frontend)."""
-
-    async def __init__(self, llm_config: LLMConfig, *, app_config: AppConfig,
-                       role_deployments: Optional[dict[str, str]] = None, **kwargs):
-        self._init_direct(app_config, role_deployments)
-        await super().__init__(llm_config, **kwargs)
