@@ -307,7 +307,7 @@ def run_phase(name: str, baseline: str, urls: dict[str, str], stack: LocalStack,
         summary["phases"][name][str(n)] = s
         results["phases"][name][str(n)] = {"pairs": {m: dataclasses.asdict(pr) for m, pr in pairs.items()},
                                            "traced": traced}
-        for m, pr in pairs.items():
+        for pr in pairs.values():
             log(f"{name} {n} tokens: {pr.line()}")
         for m, st in s["app"].items():
             log(f"  {m}: engine p50 {_fmt(st['engine_p50_ms'])}, overhead p50 {_fmt(st['overhead_p50_ms'])}, "

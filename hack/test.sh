@@ -18,5 +18,9 @@ PYTHON=$(hack/pyenv.sh python)
 export PATH="$(dirname "$PYTHON"):$PATH"
 echo "setup took $((SECONDS - t0)) s"
 
+step "lint (ruff check, settings in pyproject.toml)"
+"$(dirname "$PYTHON")/ruff" check "$root" ||
+  { echo "lint failed: fix the lines above (or 'ruff check --fix'); settings: [tool.ruff] in pyproject.toml" >&2; exit 1; }
+
 step "pytest ${*:-tests}"
 exec "$PYTHON" -m pytest "${@:-tests}"

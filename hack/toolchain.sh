@@ -17,7 +17,7 @@ set -euo pipefail
 TOOLS=(helm kubeconform ct pytools schemas promop-schemas promtool promql ray-operator kwok etcd k8s)
 BIN="$RLD_CACHE/bin"
 export GOFLAGS="-p=${RLD_GO_JOBS:-2} -buildvcs=false"
-K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"   # k8s.io/<staging> v0.Y.Z  <->  Kubernetes v1.Y.Z
 WRAPPERS="$RLD_ROOT/hack/k8s"
 
@@ -219,7 +219,7 @@ k8s_want()    { echo "$K8S_VERSION"; }
 k8s_current() {
   local d b v; d="$(k8s_dir)"
   for b in "${K8S_BINARIES[@]}"; do [ -x "$d/$b" ] || return 0; done
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
     v="$("$d/$b" --version | awk '{print $2}')"; [ "$v" = "$K8S_VERSION" ] || { echo "$b=$v"; return 0; }
   done
   "$d/kubectl" version --client -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'

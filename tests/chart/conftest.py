@@ -19,7 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import pytest
 import yaml
@@ -187,7 +187,7 @@ def _write_layers(tmp: Path, layers: Iterable[dict]) -> list[str]:
 
 def _helm_template(layers: tuple[str, ...], release: str, extra: tuple[str, ...]) -> tuple[list[str], int, str, str]:
     with tempfile.TemporaryDirectory(prefix="rld-chart-") as tmp:
-        files = _write_layers(Path(tmp), [json.loads(l) for l in layers])
+        files = _write_layers(Path(tmp), [json.loads(layer) for layer in layers])
         cmd = [tool("helm"), "template", release, str(CHART), "--namespace", "llm",
                "--kube-version", KUBE_VERSION, *files, *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -234,7 +234,7 @@ def render(values_files: Iterable[Path] = (), values: Optional[dict | list[dict]
     """helm template the chart with example files and/or dict layers; parsed docs (hooks included).
     Fails on duplicate keys anywhere in the output."""
     layers = _layers(values_files, values)
-    key = tuple(json.dumps(l, sort_keys=True) for l in layers)
+    key = tuple(json.dumps(layer, sort_keys=True) for layer in layers)
     cmd, rc, out, err = _render_cached(key, release, tuple(extra))
     if rc != 0:
         raise RenderError(cmd, rc, out, err)
@@ -246,7 +246,7 @@ def render_error(values_files: Iterable[Path] = (), values: Optional[dict | list
                  release: str = "llm", extra: Iterable[str] = ()) -> str:
     """helm template expected to FAIL; returns stderr."""
     layers = _layers(values_files, values)
-    key = tuple(json.dumps(l, sort_keys=True) for l in layers)
+    key = tuple(json.dumps(layer, sort_keys=True) for layer in layers)
     cmd, rc, out, err = _render_cached(key, release, tuple(extra))
     assert rc != 0, f"expected `{' '.join(cmd)}` to fail, but it rendered:\n{out[:2000]}"
     return err

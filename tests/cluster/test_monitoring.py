@@ -37,7 +37,7 @@ def monitoring_crds(cluster):
     env = env_with_kubeconfig(cluster.kubeconfig)
     kubectl = tool("kubectl")
     files = [f"{crd_dir}/{MONITORING}_{name}.yaml" for name in CRDS]
-    for attempt in range(3):  # a busy 2-core API server can time out building the OpenAPI of a new CRD
+    for _attempt in range(3):  # a busy 2-core API server can time out building the OpenAPI of a new CRD
         applied = subprocess.run([kubectl, "apply", "--server-side", "--force-conflicts", *sum((["-f", f] for f in files), [])],
                                  capture_output=True, text=True, env=env, timeout=300)
         if applied.returncode == 0:
