@@ -7,6 +7,12 @@ from typing import Iterator
 
 import pytest
 
+from tests.suite_times import SuiteClock
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SuiteClock(), "rld-suite-times")  # the "suite times" table at the end
+
 
 def _ray_connected() -> bool:
     ray = sys.modules.get("ray")  # not imported: certainly not connected (and no import cost here)
