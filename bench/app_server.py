@@ -1,6 +1,6 @@
 """`python -m bench.app_server --mode aggregated|disaggregated --port N`: our app, for the bench.
 
-The same LocalStack that `python -m serve_app.local` (hack/demo.sh) and the tests use, with a port
+The same LocalStack that `python -m devstack` (hack/demo.sh) and the tests use, with a port
 plan of the bench's own so that it cannot collide with a demo or a test cluster on the default
 ports. Serves http://127.0.0.1:N/v1 until SIGTERM/SIGINT, then stops every process it started.
 """
@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.servers import BENCH_API_KEY
-    from serve_app.local.ports import BENCH, PortPlan
-    from serve_app.local.stack import LocalStack, log
+    from devstack.ports import BENCH, PortPlan
+    from devstack.stack import LocalStack, log
 
     stop = threading.Event()
     ready = threading.Event()

@@ -32,7 +32,7 @@ from bench.paired import PairedResult, paired_ttft
 from bench.servers import (MODES, REPO_ROOT, ServerProcess, ServerStartError, app_server, port_in_use,
                            tiny_model_path, vllm_server)
 from loadtests.openai_load.prompts import Calibration
-from serve_app.local.ports import BENCH
+from devstack.ports import BENCH
 
 VLLM_PORT = BENCH.aux(0)  # the app serves on BENCH.http; both from the bench's own port plan
 APP_PORT = BENCH.http

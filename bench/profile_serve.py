@@ -8,7 +8,7 @@ while it
 - samples every serving process with py-spy (`record --gil --format raw`: collapsed stacks of the
   thread holding the GIL, i.e. where Python spends CPU; native waits of Ray's core worker excluded),
 - measures each process's CPU time over the run (psutil), reported as CPU ms per request,
-- reads the app's own per-request histograms (serve_app.metrics, exported by Ray on each node's
+- reads the app's own per-request histograms (serve_app.telemetry.metrics, exported by Ray on each node's
   metrics port): TTFT seen inside the engine replica vs TTFT seen by the client.
 Writes <out>/profile-<mode>.json, one collapsed-stack file per process (for flamegraph tools)
 and prints the top frames per process. Loopback only; bounded in time and requests.
@@ -32,7 +32,7 @@ import psutil
 from bench.cpu import APP_PORT, READY_TIMEOUT_S, VLLM_PORT
 from bench.ladder import Workload, run_level, warm_up
 from bench.servers import REPO_ROOT, ServerProcess, app_server, tiny_model_path, vllm_server
-from serve_app.local.ports import BENCH
+from devstack.ports import BENCH
 
 # process title (cmdline) patterns of the serving path, per mode
 ROLES: dict[str, dict[str, str]] = {

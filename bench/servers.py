@@ -1,10 +1,10 @@
 """The three ways the bench serves the tiny model, each started and stopped as a child process.
 
 - `vllm`: vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), with the
-  engine arguments and environment of our app's decode engine (serve_app.local.serve_config), so
+  engine arguments and environment of our app's decode engine (devstack.serve_config), so
   the only difference from `aggregated` is the Ray Serve request path.
 - `aggregated` / `disaggregated`: our serve app on a local Ray cluster, started by
-  `python -m bench.app_server`, which drives the colleague's `serve_app.local.stack.LocalStack`
+  `python -m bench.app_server`, which drives the colleague's `devstack.stack.LocalStack`
   with a port plan of its own (it must not collide with a demo or test cluster).
 """
 
@@ -137,9 +137,9 @@ class ServerProcess:
 
 def _serve_config_module():  # type: ignore[no-untyped-def]
     try:
-        from serve_app.local import serve_config
+        from devstack import serve_config
     except ImportError as e:  # pragma: no cover - only when the launcher is missing
-        raise ServerStartError(f"serve_app.local (the local launcher) is not importable: {e}") from e
+        raise ServerStartError(f"devstack (the local launcher) is not importable: {e}") from e
     return serve_config
 
 
@@ -181,7 +181,7 @@ def app_server(mode: str, port: int, log_path: Path, extra_env: Optional[dict[st
 
 def tiny_model_path() -> str:
     try:
-        from serve_app.local.tiny_model import ensure_tiny_model
+        from devstack.tiny_model import ensure_tiny_model
     except ImportError as e:
-        raise ServerStartError(f"serve_app.local.tiny_model is not importable: {e}") from e
+        raise ServerStartError(f"devstack.tiny_model is not importable: {e}") from e
     return str(ensure_tiny_model())

@@ -5,7 +5,7 @@
     python -m bench.ttft --device gpu --model /models/Llama-3.1-8B --model-id llama --lengths 1024,4096
 
 Phase `vllm-vs-aggregated` (always): direct vLLM (`python -m vllm.entrypoints.openai.api_server`) and our app
-in aggregated mode, started by the same launcher as `make demo` and the tests (serve_app.local.stack.LocalStack:
+in aggregated mode, started by the same launcher as `make demo` and the tests (devstack.stack.LocalStack:
 loopback Ray cluster, the app deployed from a serve config), both up at once with the same engine arguments
 (on a GPU machine both on GPU 0, each taking --gpu-memory-utilization of it). For each prompt length: --warm
 unpaired warm-ups, then paired time to first token at concurrency 1 (bench/paired.py: identical prompts to
@@ -15,7 +15,7 @@ Phase `disaggregated-vs-aggregated` (CPU only; on GPUs the equal-budget comparis
 one stack serving both
 modes, paired the same way: what prefill on another engine plus the KV hand-off costs at each length.
 
-The app's per-request trace lines (serve_app/hops.py) are joined to the client's measurements by request
+The app's per-request trace lines (serve_app/telemetry/hops.py) are joined to the client's measurements by request
 id: per-hop medians, the engine's own time to its first chunk, the overhead (client TTFT minus engine),
 and what the record leaves unaccounted (client TTFT minus the frontend's first byte out: the Serve proxy
 and the HTTP client).
@@ -46,13 +46,13 @@ from bench.servers import BENCH_API_KEY, REPO_ROOT, vllm_server
 from loadtests.openai_load.prompts import Calibration, PromptFactory, calibrate
 from loadtests.openai_load.samples import describe
 from loadtests.openai_load.server import Endpoints, ServerProbe, SetupClient
-from serve_app import hops
+from serve_app.telemetry import hops
 from serve_app.config import AppConfig
-from serve_app.local import serve_config as cpu_config
-from serve_app.local.cluster import DEFAULT_NODES, NodeSpec
-from serve_app.local.ports import BENCH
-from serve_app.local.stack import LocalStack
-from serve_app.local.tiny_model import ensure_tiny_model
+from devstack import serve_config as cpu_config
+from devstack.cluster import DEFAULT_NODES, NodeSpec
+from devstack.ports import BENCH
+from devstack.stack import LocalStack
+from devstack.tiny_model import ensure_tiny_model
 
 TARGET_RATIO = {"gpu": 1.10, "cpu": 1.5}  # issue 9: aggregated TTFT p50 vs direct vLLM
 TARGET_UNACCOUNTED_MS = 5.0  # the per-hop record accounts for the client's TTFT within 5 ms
@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None, device: Optional[str] = None) -> argparse
     p.add_argument("--app-arg", action="append", default=[], metavar="PATH=JSON",
                    help="AppConfig override for every app, e.g. streaming.batch_interval_ms=0; repeatable")
     p.add_argument("--serve-mode", choices=["high-throughput", "standard"], default="high-throughput",
-                   help="the app's Ray Serve mode (serve_app/local/cluster.py): HAProxy + throughput-optimized "
+                   help="the app's Ray Serve mode (devstack/cluster.py): HAProxy + throughput-optimized "
                         "(the default, as the chart deploys it) or Serve's Python proxy")
     p.add_argument("--cluster-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of every Ray process of the app's cluster, e.g. Ray Serve's "
@@ -345,7 +345,7 @@ def table(summary: dict[str, Any]) -> str:
                            f"{_fmt(v['unaccounted_p50_ms'])} | {v['traced']} |")
         for m in apps:
             hop_names = [h for h in hops.SEGMENTS if any(h in s["app"][m]["hops_p50_ms"] for s in by_len.values())]
-            out += ["", f"Per-hop p50 of `{m}` (ms, serve_app/hops.py):", "",
+            out += ["", f"Per-hop p50 of `{m}` (ms, serve_app/telemetry/hops.py):", "",
                     "| hop | " + " | ".join(by_len) + " |", "| --- |" + " ---: |" * len(by_len)]
             for h in hop_names:
                 cells = [s["app"][m]["hops_p50_ms"].get(h) for s in by_len.values()]

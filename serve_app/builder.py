@@ -3,7 +3,7 @@
 Builds the same graph as Ray Serve LLM's builders, with our server classes:
   disaggregated: ingress -> Decode:<model> (SelectiveDecodeServer) -> Prefill:<model> (MeteredPrefillServer)
   aggregated:    ingress -> Aggregated:<model> (MeteredServer)
-With frontend.direct_streaming the serving deployment is itself the HTTP ingress (serve_app/direct.py),
+With frontend.direct_streaming the serving deployment is itself the HTTP ingress (serve_app/engine/direct.py),
 as Ray's builders make it under RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING:
   disaggregated: Decode:<model> (DirectSelectiveDecodeServer) -> Prefill:<model>
   aggregated:    Aggregated:<model> (DirectMeteredServer)
@@ -26,9 +26,10 @@ from ray.serve.deployment import Application
 from ray.serve.llm import LLMConfig
 
 from serve_app.config import AppConfig
-from serve_app.ingress import ENDPOINTS, BoundedOpenAiIngress, make_app
+from serve_app.frontend.app import ENDPOINTS, make_app
+from serve_app.frontend.ingress import BoundedOpenAiIngress
 from serve_app.llm_configs import frontend_deployment_config, role_llm_config
-from serve_app.servers import (
+from serve_app.engine.servers import (
     DirectMeteredServer,
     DirectSelectiveDecodeServer,
     MeteredPrefillServer,

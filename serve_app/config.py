@@ -302,7 +302,7 @@ class OverflowSpec(StrictModel):
         return self
 
 class StreamingSpec(StrictModel):
-    """How the serving replica batches streamed chunks into Serve messages (serve_app/hops.py)."""
+    """How the serving replica batches streamed chunks into Serve messages (serve_app/telemetry/hops.py)."""
 
     batch_interval_ms: float = Field(
         default=50,

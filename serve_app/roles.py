@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from serve_app.logs import get_logger
+from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""The local port plans (serve_app/local/ports.py): outside the ephemeral range, disjoint, checked before use."""
+"""The local port plans (devstack/ports.py): outside the ephemeral range, disjoint, checked before use."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections import defaultdict
 
 import pytest
 
-from serve_app.local import ports
-from serve_app.local.cluster import DEFAULT_NODES, LocalRayCluster
-from serve_app.local.ports import PortPlan, PortsBusyError
+from devstack import ports
+from devstack.cluster import DEFAULT_NODES, LocalRayCluster
+from devstack.ports import PortPlan, PortsBusyError
 
 LINUX_DEFAULT_EPHEMERAL = (32768, 60999)
 
@@ -101,7 +101,7 @@ def test_each_app_that_moves_kv_gets_its_own_side_channel_ports() -> None:
     deployment only, so each app needs its own bases (or both decode engines bind the same port)."""
     from pathlib import Path
 
-    from serve_app.local.stack import LocalStack
+    from devstack.stack import LocalStack
 
     stack = LocalStack(apps={"a": ("/", "disaggregated"), "b": ("/b", "disaggregated"), "c": ("/c", "aggregated")},
                        ports=ports.TESTS_FIRST_RUN)

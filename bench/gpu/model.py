@@ -2,7 +2,7 @@
 
 vLLM's `load_format: dummy` fills the weights with seeded random values, so no checkpoint has to be
 downloaded or shipped: the bench needs only `config.json` and a tokenizer. The tokenizer is the tiny
-test model's (2048 tokens, trained locally, serve_app/local/tiny_model.py), which sets the vocabulary;
+test model's (2048 tokens, trained locally, devstack/tiny_model.py), which sets the vocabulary;
 everything else has the named model's dimensions, so prefill, KV size and decode cost are that
 model's (an 8B Llama-3 shape with a 2k vocabulary has ~7.0 B parameters, 128 KiB of KV per token).
 """

@@ -10,7 +10,7 @@ Modes, each on all G GPUs, one after the other:
   aggregated-direct  the same with frontend.direct_streaming (the frontend inside each engine replica);
   disaggregated  our app, G/2 prefill + G/2 decode engines, one per GPU, the KV cache moved by NIXL;
   vllm           G direct vLLM servers, one per GPU, each offered 1/G of the rate by its own Locust process.
-Engines are started by the same launcher as `make demo` (serve_app.local.stack.LocalStack), compiled (CUDA
+Engines are started by the same launcher as `make demo` (devstack.stack.LocalStack), compiled (CUDA
 graphs) unless --eager, with the same engine arguments in every mode.
 
 For each workload (prompt tokens - output tokens) and offered rate: the project's locustfile, headless, open
@@ -18,7 +18,7 @@ loop (--request-rate, Poisson arrivals) for --duration seconds, every request re
 Goodput = requests per second that started in the window and met the SLO per request (TTFT <= --slo-ttft-ms
 and time per output token <= --slo-tpot-ms), per GPU. A workload's ladder stops once a mode saturates
 (it completed under 80 % of the offered rate, failed over 5 %, or its TTFT p95 passed 10x the SLO).
-Disaggregated requests are joined to the app's per-hop trace lines (serve_app/hops.py) by request id.
+Disaggregated requests are joined to the app's per-hop trace lines (serve_app/telemetry/hops.py) by request id.
 
 Writes into --out: summary.json, table.md, goodput.png, commands.txt, per step the Locust samples and summary.
 """
@@ -41,12 +41,12 @@ from bench.report import save_run
 from bench.servers import REPO_ROOT, ServerProcess, vllm_server
 from bench.ttft import cpu_app_args, gpu_app_args, median
 from loadtests.openai_load.samples import percentile
-from serve_app import hops
-from serve_app.local import serve_config as cpu_config
-from serve_app.local.cluster import NodeSpec
-from serve_app.local.ports import BENCH
-from serve_app.local.stack import LocalStack
-from serve_app.local.tiny_model import ensure_tiny_model
+from serve_app.telemetry import hops
+from devstack import serve_config as cpu_config
+from devstack.cluster import NodeSpec
+from devstack.ports import BENCH
+from devstack.stack import LocalStack
+from devstack.tiny_model import ensure_tiny_model
 
 LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
 WORKLOADS = {"4k-256": (4096, 256), "1k-1k": (1024, 1024), "2k-512": (2048, 512)}

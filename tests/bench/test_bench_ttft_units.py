@@ -11,7 +11,7 @@ from bench.gpu.model import dummy_model
 from bench.servers import engine_cli_args
 from bench.ttft import gpu_app_args, parse_args
 from serve_app.builder import llm_configs, parse_app_config
-from serve_app.local.tiny_model import ensure_tiny_model
+from devstack.tiny_model import ensure_tiny_model
 
 ENGINE = {"max_model_len": 8512, "max_num_batched_tokens": 8512, "gpu_memory_utilization": 0.35,
           "load_format": "dummy", "dtype": "bfloat16"}

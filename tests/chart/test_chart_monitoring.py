@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app.metrics import LATENCY_BOUNDARIES_S
+from serve_app.telemetry.metrics import LATENCY_BOUNDARIES_S
 
 from .conftest import CHART, KUBE_VERSION, REPO, kubeconform_many, key_named, render, render_error, tool
 from .monitoring_queries import ALL_ON, dashboard_queries, parse_promql, rendered_dashboard
@@ -336,7 +336,7 @@ def test_slo_thresholds_must_be_bucket_bounds() -> None:
     source = yaml.safe_load((CHART / "schema" / "chart.yaml").read_text())  # values.schema.json is generated from it
     slo = source["properties"]["monitoring"]["properties"]["slo"]["properties"]
     assert slo["ttft"]["properties"]["thresholdSeconds"]["enum"] == LATENCY_BOUNDARIES_S, (
-        "the TTFT threshold enum must list serve_app.metrics.LATENCY_BOUNDARIES_S (the histogram's buckets)")
+        "the TTFT threshold enum must list serve_app.telemetry.metrics.LATENCY_BOUNDARIES_S (the histogram's buckets)")
 
 
 @pytest.mark.parametrize(("bad", "key"), [

@@ -1,4 +1,4 @@
-"""One real local stack with `frontend.direct_streaming` on (serve_app/direct.py): loopback Ray, vLLM CPU
+"""One real local stack with `frontend.direct_streaming` on (serve_app/engine/direct.py): loopback Ray, vLLM CPU
 engines, the tiny model, deployed by the demo's launcher, in Serve's high-throughput mode (HAProxy) as the
 chart deploys it. Two apps, both without a frontend deployment:
   direct at /     : prefill + decode; the decode replica serves HTTP itself (selective disaggregation on)
@@ -13,8 +13,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from serve_app.local.ports import TESTS_DIRECT
-from serve_app.local.stack import LocalStack
+from devstack.ports import TESTS_DIRECT
+from devstack.stack import LocalStack
 
 from ..serve_app.serve_helpers import authorized_client
 

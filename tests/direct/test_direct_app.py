@@ -14,9 +14,9 @@ import ray
 from openai import OpenAI
 from ray import serve
 
-from serve_app import hops
-from serve_app.local.serve_config import MAX_MODEL_LEN, MODEL_ID, REMOTE_PREFILL_MIN_TOKENS
-from serve_app.local.stack import LocalStack
+from serve_app.telemetry import hops
+from devstack.serve_config import MAX_MODEL_LEN, MODEL_ID, REMOTE_PREFILL_MIN_TOKENS
+from devstack.stack import LocalStack
 
 from ..serve_app.serve_helpers import authorized_client, engine_core_of, scrape, total, wait_until
 from .conftest import API_KEY

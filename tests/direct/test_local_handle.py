@@ -8,8 +8,8 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from serve_app.direct import LocalServerHandle
-from serve_app.ingress import bounded_chunks
+from serve_app.engine.direct import LocalServerHandle
+from serve_app.frontend.deadlines import bounded_chunks
 
 
 class Server:
@@ -84,7 +84,7 @@ def test_ending_a_stream_early_closes_the_engine_stream() -> None:
 
 
 def test_a_silent_engine_hits_the_first_chunk_deadline_and_is_closed() -> None:
-    from serve_app.errors import OpenAIError
+    from serve_app.frontend.errors import OpenAIError
 
     server = Server()
 

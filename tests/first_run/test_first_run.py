@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.local.ports import TESTS_FIRST_RUN
+from devstack.ports import TESTS_FIRST_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_TIMEOUT_S = 1800  # cold venv (2-6 min) + tiny model + Ray + engines on a busy 2-core machine
@@ -90,6 +90,6 @@ def test_value_printing_commands_print_the_value_alone(tmp_path: Path) -> None:
 
     # The tiny model's path, cold (it builds) and warm, into an empty cache.
     env = dict(os.environ, RLD_CACHE=str(tmp_path / "cache"))
-    cold = _one_line(run([sys.executable, "-m", "serve_app.local.tiny_model"], ROOT, env, timeout=300))
-    warm = _one_line(run([sys.executable, "-m", "serve_app.local.tiny_model"], ROOT, env))
+    cold = _one_line(run([sys.executable, "-m", "devstack.tiny_model"], ROOT, env, timeout=300))
+    warm = _one_line(run([sys.executable, "-m", "devstack.tiny_model"], ROOT, env))
     assert cold == warm and (Path(cold) / "config.json").is_file()

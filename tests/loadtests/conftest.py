@@ -1,7 +1,7 @@
 """Fixtures for the load-test suite: a real OpenAI server on loopback and a Locust runner.
 
 `llm_server` (module scope) serves the tiny model with OUR app, aggregated mode, through the local
-launcher (serve_app.local.stack.LocalStack: loopback Ray cluster + serve config + build_app), on a
+launcher (devstack.stack.LocalStack: loopback Ray cluster + serve config + build_app), on a
 port plan of its own. Set RLD_LOADTEST_SERVER=vllm to use vLLM's own OpenAI server instead (also
 the fallback when the launcher is not importable), or RLD_LOADTEST_URL=http://127.0.0.1:PORT to
 use a server that is already running. Whatever serves, it is started and stopped here.
@@ -21,9 +21,9 @@ from typing import Iterator
 import pytest
 from .lt_helpers import Server
 
-from serve_app.local.ports import TESTS_LOADTESTS
+from devstack.ports import TESTS_LOADTESTS
 
-# The suite's own port plan (serve_app/local/ports.py): disjoint from the demo's, the bench's and the other suites'.
+# The suite's own port plan (devstack/ports.py): disjoint from the demo's, the bench's and the other suites'.
 TEST_VLLM_PORT = TESTS_LOADTESTS.aux(0)
 APP_API_KEY = "rld-loadtests-key"  # our app runs with auth on, as the demo does; Locust sends it
 
@@ -37,7 +37,7 @@ def _ready(url: str) -> bool:
 
 
 def _start_app() -> tuple[Server, object]:
-    from serve_app.local.stack import LocalStack
+    from devstack.stack import LocalStack
 
     stack = LocalStack(apps={"llm": ("/", "aggregated")}, ports=TESTS_LOADTESTS, api_keys=(APP_API_KEY,))
     stack.start()
@@ -45,7 +45,7 @@ def _start_app() -> tuple[Server, object]:
 
 
 def _start_vllm(log_path: Path) -> tuple[Server, subprocess.Popen[bytes]]:
-    from serve_app.local.tiny_model import ensure_tiny_model
+    from devstack.tiny_model import ensure_tiny_model
 
     model = str(ensure_tiny_model())
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
@@ -91,7 +91,7 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     want = os.environ.get("RLD_LOADTEST_SERVER", "app")
     if want == "app":
         try:
-            import serve_app.local.stack  # noqa: F401
+            import devstack.stack  # noqa: F401
         except ImportError as e:
             print(f"\n[loadtests] launcher not importable ({e}); using vLLM's own server", file=sys.stderr)
             want = "vllm"

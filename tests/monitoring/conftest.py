@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 
 from .monitoring_live import Scrape, observe, new_stack
-from serve_app.local.stack import LocalStack
+from devstack.stack import LocalStack
 
 
 @pytest.fixture(scope="package")

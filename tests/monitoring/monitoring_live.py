@@ -1,7 +1,7 @@
 """The real local stack as Prometheus would see it: traffic, provoked NIXL failures, labelled scrapes.
 
 Shared by test_metric_names.py and dashboard_png.py. The stack is the demo's own launcher
-(serve_app.local.stack), disaggregated only, on this suite's ports. Each scrape of a node's Ray metrics
+(devstack.stack), disaggregated only, on this suite's ports. Each scrape of a node's Ray metrics
 port gets the target labels the chart's PodMonitor adds in a cluster (namespace, pod,
 app_kubernetes_io_instance, ray_io_group), so the chart's queries can be checked against it as they are.
 """
@@ -20,11 +20,11 @@ from typing import Callable, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_app.local.ports import TESTS_OBSERVABILITY
-from serve_app.local.serve_config import MODEL_ID
-from serve_app.local.stack import LocalStack
+from devstack.ports import TESTS_OBSERVABILITY
+from devstack.serve_config import MODEL_ID
+from devstack.stack import LocalStack
 
-PORTS = TESTS_OBSERVABILITY  # serve_app/local/ports.py: this suite's own plan
+PORTS = TESTS_OBSERVABILITY  # devstack/ports.py: this suite's own plan
 APP = "disagg"
 # What the chart's PodMonitor gives every series of a pod (release llm in namespace llm): KubeRay's
 # `ray.io/group` of the head is `headgroup`, of a worker its group name.

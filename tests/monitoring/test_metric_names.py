@@ -26,14 +26,14 @@ PROMETHEUS_MADE = {"up"}
 # branch yet. Each entry says where it comes from; the test fails once the name shows up in the scrape
 # (then it is checked like any other and must leave this list).
 PENDING = {
-    "ray_rld_overflow_requests_total": "issue 10 (branch issue-10-resilience, serve_app/overflow.py): requests sent "
+    "ray_rld_overflow_requests_total": "issue 10 (branch issue-10-resilience, serve_app/frontend/overflow.py): requests sent "
                                        "to the external endpoint, labels reason and outcome; only with overflow on",
     # Landed (issue 10), but Ray exports a counter only from its first increment and observe() provokes neither
     # yet: a 429 needs tiny admission limits under load, a failover a dead or slow prefill replica, the
     # served_by="error" value a 503 with failover.localFallback off.
-    "ray_rld_admission_rejections_total": "issue 10 (serve_app/admission.py): 429s of admission control, label reason "
+    "ray_rld_admission_rejections_total": "issue 10 (serve_app/frontend/admission.py): 429s of admission control, label reason "
                                           "(queue_full, queue_timeout); not provoked by observe()",
-    "ray_rld_prefill_failovers_total": "issue 10 (serve_app/failover.py): failed remote prefills, labels model, reason, "
+    "ray_rld_prefill_failovers_total": "issue 10 (serve_app/engine/failover.py): failed remote prefills, labels model, reason, "
                                        "served_by (retry, fallback, error); not provoked by observe()",
 }
 

@@ -2,7 +2,7 @@
 
 One stack for this directory (starting one takes ~3 min; package scope: it is stopped before another
 suite starts its own, two stacks do not fit a 24 GB machine), built by the demo's own launcher
-(serve_app.local.stack.LocalStack) with auth on (two API keys) and three apps:
+(devstack.stack.LocalStack) with auth on (two API keys) and three apps:
 
   main          /              disaggregated: prefill x1, decode x2 (the decode-kill test needs two),
                                small admission limits, a short prefill deadline, overflow ON (saturation)
@@ -45,8 +45,8 @@ from .resilience_helpers import (
     TEST_PORTS,
 )
 
-from serve_app.local.serve_config import MODEL_ID
-from serve_app.local.stack import LocalStack
+from devstack.serve_config import MODEL_ID
+from devstack.stack import LocalStack
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if MEASUREMENTS:
@@ -89,7 +89,7 @@ def _ready(url: str, key: str) -> bool:
 @pytest.fixture(scope="package")
 def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpoint]:
     """vLLM's own OpenAI server on the tiny model: the overflow target."""
-    from serve_app.local.tiny_model import ensure_tiny_model
+    from devstack.tiny_model import ensure_tiny_model
 
     log = tmp_path_factory.mktemp("external") / "vllm.log"
     env = dict(

@@ -13,12 +13,12 @@ from typing import Any, Callable, Optional
 import httpx
 import psutil
 
-from serve_app.local.ports import TESTS_RESILIENCE
-from serve_app.local.serve_config import MODEL_ID
-from serve_app.local.stack import LocalStack
+from devstack.ports import TESTS_RESILIENCE
+from devstack.serve_config import MODEL_ID
+from devstack.stack import LocalStack
 from tests.serve_app.serve_helpers import Series, scrape, settled, total, wait_until  # noqa: F401 - re-exported
 
-# This suite's port plan (serve_app/local/ports.py); the external endpoint takes its first auxiliary port.
+# This suite's port plan (devstack/ports.py); the external endpoint takes its first auxiliary port.
 TEST_PORTS = TESTS_RESILIENCE
 EXTERNAL_PORT = TEST_PORTS.aux(0)
 API_KEYS = ("rld-resilience-key-one", "rld-resilience-key-two")

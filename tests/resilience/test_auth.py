@@ -7,8 +7,8 @@ import httpx
 import pytest
 from .resilience_helpers import API_KEYS, cluster_metrics, error_of, measured, total, wait_until
 
-from serve_app.local.serve_config import MODEL_ID
-from serve_app.local.stack import LocalStack
+from devstack.serve_config import MODEL_ID
+from devstack.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

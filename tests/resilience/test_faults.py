@@ -1,4 +1,4 @@
-"""Prefill/decode failures under load (serve_app/failover.py, serve_app/README.md "Failure semantics").
+"""Prefill/decode failures under load (serve_app/engine/failover.py, serve_app/README.md "Failure semantics").
 
 - a hung prefill engine (SIGSTOP): answered within the prefill deadline, by decode itself;
 - KV that cannot be loaded (prefill killed after it answered, before decode pulled the KV): recomputed
@@ -35,7 +35,7 @@ from .resilience_helpers import (
     wait_until,
 )
 
-from serve_app.local.stack import LocalStack
+from devstack.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 

@@ -26,8 +26,8 @@ from .resilience_helpers import (
     wait_until,
 )
 
-from serve_app.local.serve_config import MAX_MODEL_LEN, MODEL_ID
-from serve_app.local.stack import LocalStack
+from devstack.serve_config import MAX_MODEL_LEN, MODEL_ID
+from devstack.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 

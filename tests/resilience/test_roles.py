@@ -9,7 +9,7 @@ import httpx
 import pytest
 from .resilience_helpers import error_of, measured
 
-from serve_app.local.serve_config import MODEL_ID
+from devstack.serve_config import MODEL_ID
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from serve_app.admission import Admission, Overloaded
-from serve_app.auth import ApiKeys, bearer_token, parse_keys
+from serve_app.frontend.admission import Admission, Overloaded
+from serve_app.frontend.auth import ApiKeys, bearer_token, parse_keys
 from serve_app.config import AppConfig, AuthSpec
 from serve_app.llm_configs import kv_transfer_config
 

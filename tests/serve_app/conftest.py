@@ -1,9 +1,9 @@
 """One real local stack for this package's tests, stopped before the next suite starts its own (two
 stacks at once do not fit a 24 GB machine): loopback Ray (head + prefill + decode nodes), vLLM CPU
-engines, the tiny model, deployed by the demo's own launcher (serve_app.local.stack) with two apps:
+engines, the tiny model, deployed by the demo's own launcher (devstack.stack) with two apps:
   disagg at /     : prefill + decode, NIXL KV transfer, selective disaggregation
   agg    at /agg  : one engine serving whole requests (the A/B baseline)
-Its port plan (serve_app/local/ports.py) is its own, so the suite can run while a demo is up (memory permitting).
+Its port plan (devstack/ports.py) is its own, so the suite can run while a demo is up (memory permitting).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from serve_app.local.ports import TESTS_SERVE_APP
-from serve_app.local.stack import LocalStack
+from devstack.ports import TESTS_SERVE_APP
+from devstack.stack import LocalStack
 
 from .serve_helpers import authorized_client
 

@@ -9,7 +9,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_app.local.cluster import METRICS_REPORT_INTERVAL_MS
+from devstack.cluster import METRICS_REPORT_INTERVAL_MS
 
 Series = dict[tuple[str, frozenset], float]
 

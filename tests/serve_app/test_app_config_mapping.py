@@ -9,7 +9,7 @@ from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDSe
 
 from serve_app.builder import AppConfigError, llm_configs, parse_app_config
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY, AppConfig
-from serve_app.local.serve_config import local_app_args
+from devstack.serve_config import local_app_args
 
 
 def gpu_args(**overrides: Any) -> dict[str, Any]:

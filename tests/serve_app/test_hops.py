@@ -1,4 +1,4 @@
-"""The per-request hop clock and the stream batcher (serve_app/hops.py), without a cluster."""
+"""The per-request hop clock and the stream batcher (serve_app/telemetry/hops.py), without a cluster."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import AsyncGenerator
 import pytest
 from ray.llm._internal.serve.utils.batcher import Batcher
 
-from serve_app import hops
-from serve_app.hops import HopClock, ReplicaStamps, StreamBatcher
+from serve_app.telemetry import hops
+from serve_app.engine.batching import StreamBatcher, stamp_first
+from serve_app.telemetry.hops import HopClock, ReplicaStamps
 
 
 async def _engine(delays_s: list[float], fail_at: int | None = None) -> AsyncGenerator[int, None]:
@@ -77,7 +78,7 @@ def test_stamp_first_records_when_the_engine_was_asked_and_answered() -> None:
     clock = HopClock()
 
     async def consume() -> list[int]:
-        return [c async for c in hops.stamp_first(_engine([0.02, 0.0]), clock, called="engine_called",
+        return [c async for c in stamp_first(_engine([0.02, 0.0]), clock, called="engine_called",
                                                   first="engine_first_chunk")]
 
     assert asyncio.run(consume()) == [0, 1]
@@ -109,7 +110,7 @@ def test_the_frontend_merges_the_replicas_stamps_without_overwriting_its_own() -
 def _asgi_stream(wants_trace: bool) -> bytes:
     """The bytes a client receives from the frontend's middleware around a two-chunk SSE response whose
     serving replica's stamps arrived (as `_get_response` merges them)."""
-    from serve_app.ingress import CLOCK_STATE_KEY, HopClockMiddleware
+    from serve_app.frontend.app import CLOCK_STATE_KEY, HopClockMiddleware
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         clock = scope["state"][CLOCK_STATE_KEY]

@@ -13,9 +13,9 @@ import pytest
 from openai import OpenAI
 from .serve_helpers import Series, engine_core_of, label_values, scrape, settled, total, wait_until
 
-from serve_app import hops
-from serve_app.local.serve_config import MAX_MODEL_LEN, MODEL_ID, REMOTE_PREFILL_MIN_TOKENS
-from serve_app.local.stack import LocalStack
+from serve_app.telemetry import hops
+from devstack.serve_config import MAX_MODEL_LEN, MODEL_ID, REMOTE_PREFILL_MIN_TOKENS
+from devstack.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

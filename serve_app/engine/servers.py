@@ -4,11 +4,11 @@
 - `SelectiveDecodeServer` is Ray's `PDDecodeServer` (decode engine + prefill orchestration) that first
   counts the prompt's tokens with its own engine's tokenizer: prompts shorter than
   `remote_prefill_min_tokens` are prefilled locally, without any kv_transfer_params, and only the
-  rest go through the remote-prefill hand-off, run by `serve_app.failover.PrefillFailover` (deadlines,
+  rest go through the remote-prefill hand-off, run by `serve_app.engine.failover.PrefillFailover` (deadlines,
   a retry on another prefill replica, local fallback).
 - `MeteredServer` is Ray's plain `LLMServer`, for aggregated mode.
 - `Direct*` are the two serving classes with `frontend.direct_streaming`: they serve HTTP themselves
-  (serve_app/direct.py).
+  (serve_app/engine/direct.py).
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from ray.serve.llm import LLMConfig
 
 from ray.llm._internal.serve.utils.batcher import Batcher
 
-from serve_app import hops
-from serve_app.hops import HopClock, StreamBatcher
+from serve_app.telemetry import hops
+from serve_app.engine.batching import StreamBatcher, stamp_first
+from serve_app.telemetry.hops import HopClock
 from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY
 from serve_app.config import FailoverSpec
-from serve_app.direct import DirectIngressMixin
-from serve_app.failover import PrefillFailover
-from serve_app.metrics import Path, RequestMetrics
+from serve_app.engine.direct import DirectIngressMixin
+from serve_app.engine.failover import PrefillFailover
+from serve_app.telemetry.metrics import Path, RequestMetrics
 
 logger = get_logger(__name__)
 
@@ -60,7 +61,7 @@ class _MeteredMixin:
         """Ray's hook for batching a streamed engine response: stamp the engine's first chunk on the
         request's clock, then batch with `StreamBatcher` (first chunk at once) or Ray's `Batcher`."""
         llm_config: LLMConfig = self._llm_config
-        stamped = hops.stamp_first(generator, hops.CURRENT.get(), called="engine_called", first="engine_first_chunk")
+        stamped = stamp_first(generator, hops.CURRENT.get(), called="engine_called", first="engine_first_chunk")
         interval_ms = self._get_batch_interval_ms()
         if llm_config.experimental_configs.get(FIRST_CHUNK_IMMEDIATELY, True):
             return StreamBatcher(stamped, interval_ms=interval_ms).stream()

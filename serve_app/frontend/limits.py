@@ -30,8 +30,8 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletio
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
 
 from serve_app.config import LimitsSpec
-from serve_app.errors import OpenAIError, send_error
-from serve_app.logs import get_logger
+from serve_app.frontend.errors import OpenAIError, send_error
+from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
 

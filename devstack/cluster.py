@@ -2,7 +2,7 @@
 
 All nodes run on 127.0.0.2: Ray rewrites 127.0.0.1/localhost to the host's own interface address,
 but leaves other 127/8 addresses alone (docs/local-stack.md), so Ray traffic stays
-on loopback. Each node gets its own agent, metrics and worker ports (serve_app/local/ports.py) so several
+on loopback. Each node gets its own agent, metrics and worker ports (devstack/ports.py) so several
 raylets share one IP.
 
 Every process of the cluster inherits RLD_CLUSTER_ID and works under /tmp/rld-<id>; `stop()` ends exactly
@@ -24,7 +24,7 @@ from typing import Optional
 
 import psutil
 
-from serve_app.local.ports import DEMO, PortPlan, in_ephemeral_range
+from devstack.ports import DEMO, PortPlan, in_ephemeral_range
 
 NODE_IP = "127.0.0.2"
 # Ray Serve's high-throughput mode (Ray's KubeRay guide "Enable High Throughput on Ray Serve"): HAProxy in
@@ -34,7 +34,7 @@ NODE_IP = "127.0.0.2"
 HIGH_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 SERVE_MODES = ("high-throughput", "standard")
 CLUSTER_ID_ENV = "RLD_CLUSTER_ID"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 METRICS_REPORT_INTERVAL_MS = 2000
 
 

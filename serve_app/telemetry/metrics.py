@@ -5,7 +5,7 @@ and show up on that node's `--metrics-export-port` (Ray prefixes each name with 
 `model`, `mode` (disaggregated | aggregated), `role` (prefill | decode: the replica that recorded it)
 and `path` (remote: prefill ran on the prefill role and the KV moved; local: the serving engine
 prefilled the prompt itself; fallback: remote prefill failed before the first token and decode
-prefilled it itself, see serve_app/failover.py).
+prefilled it itself, see serve_app/engine/failover.py).
 
 | metric (as exported)                         | type      | what it measures |
 |----------------------------------------------|-----------|------------------|
@@ -16,7 +16,7 @@ prefilled it itself, see serve_app/failover.py).
 | ray_rld_kv_handoff_seconds                   | histogram | decode role, remote path, streaming only: prefill response received -> decode's first output chunk. That is decode scheduling + the NIXL KV pull + one decode step; vLLM's own `vllm:nixl_xfer_time_seconds` isolates the transfer |
 | ray_rld_time_to_first_token_seconds          | histogram | streaming only: request reached the serving role -> its first output chunk |
 | ray_rld_request_seconds                      | histogram | request reached the recording role -> last chunk; with role="prefill" it is the prefill replica's own time (prompt prefill + 1 token) |
-| ray_rld_hop_seconds                          | histogram | frontend, streamed requests: one sample per segment of the request's way to its first byte out (label `hop`, serve_app/hops.py SEGMENTS) |
+| ray_rld_hop_seconds                          | histogram | frontend, streamed requests: one sample per segment of the request's way to its first byte out (label `hop`, serve_app/telemetry/hops.py SEGMENTS) |
 | ray_rld_overhead_seconds                     | histogram | frontend, streamed requests: first byte out minus the engine's own time to its first chunk (what serving adds) |
 
 Non-streaming responses arrive in one piece, so they feed neither TTFT nor KV hand-off.
@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Literal, Optional
 
 from ray.util.metrics import Counter, Histogram
 
-from serve_app.hops import HopClock, ReplicaStamps
+from serve_app.telemetry.hops import HopClock, ReplicaStamps
 
 Path = Literal["remote", "local", "fallback"]
 
@@ -131,7 +131,7 @@ class HopMetrics:
 
     def __init__(self) -> None:
         self.hops = Histogram("rld_hop_seconds", description="Seconds per segment of a request's way to its "
-                              "first byte out (serve_app/hops.py).", boundaries=HOP_BOUNDARIES_S,
+                              "first byte out (serve_app/telemetry/hops.py).", boundaries=HOP_BOUNDARIES_S,
                               tag_keys=HOP_TAG_KEYS)
         self.overhead = Histogram("rld_overhead_seconds", description="First byte out of the frontend minus "
                                   "the engine's own time to its first chunk.", boundaries=HOP_BOUNDARIES_S,

@@ -26,10 +26,10 @@ from typing import Any, AsyncIterator, Optional
 import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from serve_app.admission import ReleasingResponse
+from serve_app.frontend.admission import ReleasingResponse
 from serve_app.config import OverflowSpec, TimeoutSpec
-from serve_app.errors import OpenAIError
-from serve_app.logs import get_logger
+from serve_app.frontend.errors import OpenAIError
+from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
 

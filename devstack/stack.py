@@ -1,6 +1,6 @@
 """Start and stop the whole local stack: tiny model, loopback Ray cluster, the app via a serve config.
 
-Shared by the demo (`python -m serve_app.local`) and the test session fixture, so tests exercise
+Shared by the demo (`python -m devstack`) and the test session fixture, so tests exercise
 exactly what users run. Deployment goes through Serve's config path (`deploy_apps` with a
 ServeDeploySchema), the same one KubeRay's RayService uses, with import_path serve_app.builder:build_app.
 """
@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterator, Optional
 import yaml
 
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY
-from serve_app.local.cluster import DEFAULT_NODES, HIGH_THROUGHPUT_ENV, SERVE_MODES, LocalRayCluster, NodeSpec
-from serve_app.local.ports import DEMO, PortPlan
-from serve_app.local.serve_config import local_app_args, serve_deploy_config, with_overrides
-from serve_app.local.tiny_model import ensure_tiny_model
+from devstack.cluster import DEFAULT_NODES, HIGH_THROUGHPUT_ENV, SERVE_MODES, LocalRayCluster, NodeSpec
+from devstack.ports import DEMO, PortPlan
+from devstack.serve_config import local_app_args, serve_deploy_config, with_overrides
+from devstack.tiny_model import ensure_tiny_model
 
 
 def log(message: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from starlette.responses import Response
 
-from serve_app.errors import OpenAIError
+from serve_app.frontend.errors import OpenAIError
 
 
 class Overloaded(OpenAIError):

@@ -1,4 +1,4 @@
-"""`python -m serve_app.local`: serve the tiny model disaggregated on http://127.0.0.1:8000/v1 until Ctrl-C.
+"""`python -m devstack`: serve the tiny model disaggregated on http://127.0.0.1:8000/v1 until Ctrl-C.
 
 Prints one READY line with a curl example; on SIGINT/SIGTERM stops every process it started.
 """
@@ -11,18 +11,18 @@ import sys
 import threading
 import time
 
-from serve_app.local.cluster import SERVE_MODES
-from serve_app.local.ports import DEMO, PortPlan
-from serve_app.local.serve_config import MODEL_ID
-from serve_app.local.stack import LocalStack, log
+from devstack.cluster import SERVE_MODES
+from devstack.ports import DEMO, PortPlan
+from devstack.serve_config import MODEL_ID
+from devstack.stack import LocalStack, log
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serve_app.local", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devstack", description=__doc__)
     parser.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated")
     parser.add_argument("--port", type=int, default=DEMO.http, help="Serve HTTP port on 127.0.0.1")
     parser.add_argument("--port-base", type=int, default=DEMO.base,
-                        help="first of the 1000 ports the Ray nodes use (serve_app/local/ports.py); keep it "
+                        help="first of the 1000 ports the Ray nodes use (devstack/ports.py); keep it "
                         "below the kernel's ephemeral range")
     parser.add_argument("--deploy-timeout", type=float, default=900,
                         help="seconds to wait for the engines (about 3 min on an idle 2-core machine)")

@@ -133,7 +133,7 @@ class PortPlan:
             raise PortsBusyError(
                 "ports this stack needs are already in use on 127.0.0.0/8:\n" + "\n".join(lines) + more +
                 "\nStop that process (another demo, test or bench stack? Ctrl-C it, or `ss -ltnp` to find it), "
-                "or start this one on another plan (serve_app/local/ports.py)."
+                "or start this one on another plan (devstack/ports.py)."
             )
 
 

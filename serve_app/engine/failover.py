@@ -41,7 +41,7 @@ from ray.serve._private.http_util import session_id_from_headers
 from ray.serve.handle import DeploymentHandle
 
 from serve_app.config import FailoverSpec
-from serve_app.logs import get_logger
+from serve_app.telemetry.logs import get_logger
 from serve_app.roles import RoleWatch
 
 logger = get_logger(__name__)

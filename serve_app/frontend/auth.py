@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable, Optional
 
 
 from serve_app.config import AuthSpec
-from serve_app.errors import OpenAIError, send_error
-from serve_app.logs import get_logger
+from serve_app.frontend.errors import OpenAIError, send_error
+from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
 

@@ -31,7 +31,7 @@ from fastapi import FastAPI
 from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
 
 from serve_app.config import AppConfig
-from serve_app.logs import get_logger
+from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
 
@@ -123,7 +123,8 @@ class DirectIngressMixin:
         await super().__init__(llm_config, **kwargs)  # type: ignore[misc]
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
-        from serve_app.ingress import ENDPOINTS, BoundedOpenAiIngress, make_app
+        from serve_app.frontend.app import ENDPOINTS, make_app
+        from serve_app.frontend.ingress import BoundedOpenAiIngress
 
         llm_config = self._llm_config  # type: ignore[attr-defined]
         model_id = llm_config.model_id

@@ -5,7 +5,7 @@ is deterministic, which is all the tests need. Why it looks the way it does: doc
 Built once into ${RLD_CACHE}/models/tiny-llama-<recipe version>/ and reused; concurrent builders
 serialise on a lock file and the folder appears atomically (built aside, then renamed).
 
-Run as `python -m serve_app.local.tiny_model` to print the model path (building it if missing).
+Run as `python -m devstack.tiny_model` to print the model path (building it if missing).
 """
 
 from __future__ import annotations

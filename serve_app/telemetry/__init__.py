@@ -1,0 +1,1 @@
+"""What every process of the app records: the per-request hop clock, Prometheus metrics, loggers."""
