@@ -25,7 +25,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="first of the 1000 ports the Ray nodes use (devstack/ports.py); keep it "
                         "below the kernel's ephemeral range")
     parser.add_argument("--deploy-timeout", type=float, default=900,
-                        help="seconds to wait for the engines (about 3 min on an idle 2-core machine)")
+                        help="give up when Serve makes no progress (no replica changes state) for this many seconds; "
+                        "a start that is moving is never cut off (engines take about 3 min on an idle 2-core machine)")
+    parser.add_argument("--idle-cpu", type=float, default=0, metavar="SECONDS",
+                        help="after READY, measure and print the CPU the idle stack uses over this many seconds")
     parser.add_argument("--serve-mode", choices=SERVE_MODES, default="high-throughput",
                         help="high-throughput: Ray Serve's HAProxy ingress and throughput-optimized mode, as the "
                         "chart deploys it; standard: Serve's Python proxy")
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     try:
+        if args.idle_cpu > 0:
+            stack.report_idle_cpu(args.idle_cpu)
         while not stop_requested.is_set() and not args.exit_when_ready:
             stop_requested.wait(1)
     finally:

@@ -204,6 +204,32 @@ class LocalRayCluster:
             uss += info.uss
         return {"rss": rss, "uss": uss}
 
+    def cpu_percent(self, window_s: float) -> dict[str, float]:
+        """CPU used by this cluster's processes over the next `window_s` seconds, per process title (Ray's
+        `ray::ServeReplica:<app>:<deployment>`, `raylet`, `VLLM::EngineCore`, ...; same titles summed), in
+        percent of one core. CPU time, not wall time: a busy machine does not inflate it."""
+
+        def sample() -> dict[int, tuple[str, float]]:
+            out = {}
+            for proc in self.processes():
+                try:
+                    times = proc.cpu_times()
+                    out[proc.pid] = (_title(proc), times.user + times.system)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+            return out
+
+        before = sample()
+        started = time.monotonic()
+        time.sleep(window_s)
+        after = sample()
+        elapsed = time.monotonic() - started
+        by_title: dict[str, float] = {}
+        for pid, (title, cpu) in after.items():
+            used = cpu - before.get(pid, (title, 0.0))[1]  # a process born in the window counts from 0
+            by_title[title] = by_title.get(title, 0.0) + max(0.0, used) / elapsed * 100
+        return dict(sorted(by_title.items(), key=lambda kv: -kv[1]))
+
     def stop(self, grace_s: float = 8, keep_logs: bool = False) -> int:
         """SIGTERM every process of this cluster, SIGKILL what is left after `grace_s`; returns the count."""
         procs = self.processes()
@@ -231,6 +257,25 @@ def haproxy_maxconn() -> int:
     if hard == resource.RLIM_INFINITY:
         return 20000
     return max(256, min(20000, int((hard - 200) / 2.5)))
+
+
+def _title(proc: psutil.Process) -> str:
+    """A process's title without per-instance parts: `ray::ServeReplica:main:Decode:tiny`, `raylet`, ..."""
+    cmd = proc.cmdline()
+    first = cmd[0] if cmd else proc.name()
+    if first.startswith(("ray::", "VLLM::")):
+        return first.split()[0].split(".")[0]  # "ray::ServeReplica:app:Dep.method" -> the actor, not its call
+    name = Path(first).name
+    if name.startswith("python") and len(cmd) > 2 and cmd[1] == "-m":
+        return f"python -m {cmd[2]}"
+    return name
+
+
+def format_cpu(percent_by_title: dict[str, float], top: int = 8) -> str:
+    """`total 31.2% of a core: raylet 6.1, ray::ServeReplica:llm:Decode:tiny 5.0, ...` (the `top` largest)."""
+    total = sum(percent_by_title.values())
+    parts = ", ".join(f"{title} {pct:.1f}" for title, pct in list(percent_by_title.items())[:top])
+    return f"total {total:.1f}% of a core: {parts}"
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 import yaml
 
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY
-from devstack.cluster import DEFAULT_NODES, HIGH_THROUGHPUT_ENV, SERVE_MODES, LocalRayCluster, NodeSpec
+from devstack.cluster import DEFAULT_NODES, HIGH_THROUGHPUT_ENV, SERVE_MODES, LocalRayCluster, NodeSpec, format_cpu
 from devstack.ports import DEMO, PortPlan
 from devstack.serve_config import local_app_args, serve_deploy_config, with_overrides
 from devstack.tiny_model import ensure_tiny_model
@@ -32,6 +32,8 @@ def log(message: str) -> None:
 
 
 AppArgs = Callable[..., dict[str, Any]]
+# (apps, window s, CPU percent of one core per process title) of every stack measured idle in this process.
+IDLE_CPU: list[tuple[str, float, dict[str, float]]] = []
 
 
 @dataclass
@@ -58,7 +60,7 @@ class LocalStack:
     object_store_bytes: int = 256 * 1024**2
     cluster_env: dict[str, str] = field(default_factory=dict)  # for every Ray process of the stack
     serve_mode: str = "high-throughput"  # or "standard": Serve's Python proxy and defaults (cluster.SERVE_MODES)
-    deploy_timeout_s: float = 600
+    deploy_timeout_s: float = 600  # seconds without progress (no replica changing state) before start() gives up
     cluster: LocalRayCluster = field(init=False)
     serve_config: dict[str, Any] = field(init=False, default_factory=dict)
     timings: dict[str, float] = field(init=False, default_factory=dict)
@@ -188,18 +190,24 @@ class LocalStack:
         finally:
             ray.shutdown()
 
-    def _wait_running(self, timeout_s: float) -> None:
+    def _wait_running(self, stall_s: float) -> None:
+        """Wait until every app runs. Fails when Serve made no progress for `stall_s` seconds (no replica or
+        app changed state), not after a fixed total: on a busy machine each engine is slower to start, but
+        a start that is moving is never cut off, and one that is stuck fails in the same time as on an idle one."""
         from ray import serve
 
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        while time.monotonic() < deadline:
+        progress_at = time.monotonic()
+        last = seen = ""
+        while time.monotonic() - progress_at < stall_s:
             apps = serve.status().applications
             states = {name: apps[name].status.value if name in apps else "NOT_STARTED" for name in self.apps}
             summary = ", ".join(f"{n}={s}" for n, s in states.items())
             if summary != last:
                 log(f"serve: {summary}")
                 last = summary
+            replicas = _replica_states(apps)
+            if replicas != seen:  # progress: a replica was added, scheduled, initialized, became RUNNING...
+                seen, progress_at = replicas, time.monotonic()
             failed = {n: apps[n] for n, s in states.items() if s in ("DEPLOY_FAILED", "UNHEALTHY")}
             if failed:
                 details = "\n".join(f"{n}: {a.message}" for n, a in failed.items())
@@ -208,8 +216,8 @@ class LocalStack:
                 return
             time.sleep(2)
         raise TimeoutError(
-            f"Serve apps not RUNNING after {timeout_s:.0f} s ({last}). Pending placement groups? "
-            f"`ray status --address {self.cluster.address}`; replica logs: {self._logs()}"
+            f"Serve apps made no progress for {stall_s:.0f} s ({last}; replicas: {seen}). Pending placement "
+            f"groups? `ray status --address {self.cluster.address}`; replica logs: {self._logs()}"
         )
 
     def model_id(self, app: str) -> str:
@@ -233,11 +241,23 @@ class LocalStack:
     def _logs(self) -> str:
         return f"{self.cluster.temp_dir}/session_latest/logs (serve/ and worker-*.err)"
 
+    def report_idle_cpu(self, window_s: float) -> dict[str, float]:
+        """Measure and log the CPU the stack uses while nothing is sent to it (percent of one core per process
+        title), and keep it in IDLE_CPU (the test run's "suite times" table prints it)."""
+        usage = self.cluster.cpu_percent(window_s)
+        log(f"idle CPU over {window_s:.0f} s ({', '.join(self.apps)}): {format_cpu(usage)}")
+        IDLE_CPU.append((", ".join(self.apps), window_s, usage))
+        return usage
+
     @contextlib.contextmanager
     def running(self, *, deploy_timeout_s: Optional[float] = None) -> Iterator["LocalStack"]:
-        """Start the stack, yield it, stop it; then fail loudly if any of its processes outlived the stop."""
+        """Start the stack, yield it, stop it; then fail loudly if any of its processes outlived the stop.
+        After the start, the stack's idle CPU is measured for $RLD_IDLE_CPU_WINDOW_S seconds (default 10; 0: off)."""
         self.start(deploy_timeout_s=deploy_timeout_s)
+        window_s = float(os.environ.get("RLD_IDLE_CPU_WINDOW_S", "10"))
         try:
+            if window_s > 0:
+                self.report_idle_cpu(window_s)
             yield self
         finally:
             self.stop()
@@ -248,6 +268,15 @@ class LocalStack:
     def stop(self, keep_logs: bool = False) -> int:
         keep = keep_logs or os.environ.get("RLD_KEEP_RAY_LOGS") == "1"
         return self.cluster.stop(keep_logs=keep)
+
+
+def _replica_states(apps: dict[str, Any]) -> str:
+    """Every deployment's replica counts by state, as one comparable string."""
+    return "; ".join(
+        f"{app}/{name}:" + ",".join(f"{getattr(s, 'value', s)}={n}" for s, n in sorted(d.replica_states.items(), key=str))
+        for app, status in sorted(apps.items())
+        for name, d in sorted(status.deployments.items())
+    )
 
 
 def _frontend_up(app: Any) -> bool:

@@ -3,12 +3,14 @@ to $RLD_SUITE_TIMES_FILE when set; `.ci/run` prints that file as its closing tab
 
 A suite is a folder under tests/. Its wall time runs from its first test's start to its last test's end, so
 it includes its stack's start (setup of the first test) and stop (teardown of the last): what the suite costs
-a CI run. Each test's time is setup + call + teardown.
+a CI run. Each test's time is setup + call + teardown. "idle CPU %" is what each local stack the suite started
+used while idle (percent of one core, measured by devstack's LocalStack.running() right after its start).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ class Suite:
     end: float = 0.0
     outcomes: Counter = field(default_factory=Counter)
     seconds: Counter = field(default_factory=Counter)  # nodeid -> setup + call + teardown
+    idle_cpu: list[float] = field(default_factory=list)  # total % of a core of each stack it started, idle
 
     @property
     def wall(self) -> float:
@@ -46,6 +49,7 @@ class SuiteClock:
     def __init__(self) -> None:
         self.suites: dict[str, Suite] = {}
         self.session_start = time.monotonic()
+        self._idle_seen = 0
 
     def _suite(self, nodeid: str) -> Suite:
         return self.suites.setdefault(suite_of(nodeid), Suite(start=time.monotonic()))
@@ -54,7 +58,13 @@ class SuiteClock:
         self._suite(nodeid)
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        self._suite(nodeid).end = time.monotonic()
+        suite = self._suite(nodeid)
+        suite.end = time.monotonic()
+        stacks = sys.modules.get("devstack.stack")  # LocalStack.running() measures each stack idle once
+        measured = getattr(stacks, "IDLE_CPU", [])
+        for _apps, _window, usage in measured[self._idle_seen:]:
+            suite.idle_cpu.append(sum(usage.values()))
+        self._idle_seen = len(measured)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         suite = self._suite(report.nodeid)
@@ -74,7 +84,8 @@ class SuiteClock:
         for name, s in self.suites.items():
             counts = ", ".join(f"{n} {o}" for o, n in sorted(s.outcomes.items()))
             slow = "; ".join(f"{t} {sec:.0f}s" for t, sec in s.slowest(SLOWEST))
-            rows.append((name, f"{s.wall:.0f}", counts, slow))
+            idle = " ".join(f"{pct:.0f}" for pct in s.idle_cpu) or "-"
+            rows.append((name, f"{s.wall:.0f}", idle, counts, slow))
         return rows
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
@@ -84,12 +95,15 @@ class SuiteClock:
         rows = self.rows()
         terminalreporter.section("suite times")
         width = max(len(r[0]) for r in rows)
-        terminalreporter.write_line(f"{'suite':<{width}}  {'wall s':>6}  outcomes  |  slowest tests (setup+call+teardown)")
-        for name, wall, counts, slow in rows:
-            terminalreporter.write_line(f"{name:<{width}}  {wall:>6}  {counts}  |  {slow}")
+        terminalreporter.write_line(
+            f"{'suite':<{width}}  {'wall s':>6}  {'idle CPU %':>10}  outcomes  |  slowest tests (setup+call+teardown)"
+        )
+        for name, wall, idle, counts, slow in rows:
+            terminalreporter.write_line(f"{name:<{width}}  {wall:>6}  {idle:>10}  {counts}  |  {slow}")
         terminalreporter.write_line(f"{'all':<{width}}  {total:>6.0f}")
         out = os.environ.get("RLD_SUITE_TIMES_FILE")
         if out:
-            lines = ["suite\twall_s\toutcomes\tslowest"] + ["\t".join(r) for r in rows] + [f"all\t{total:.0f}\t\t"]
+            lines = ["suite\twall_s\tidle_cpu_pct\toutcomes\tslowest"] + ["\t".join(r) for r in rows]
+            lines.append(f"all\t{total:.0f}\t\t\t")
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             Path(out).write_text("\n".join(lines) + "\n")

@@ -72,6 +72,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[slot] = item
 
 
+STALL_S = 300
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its descendants (vLLM's engine core is a child), 0 when gone."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        return round(sum(p.cpu_times().user + p.cpu_times().system for p in procs), 1)
+    except psutil.Error:
+        return 0.0
+
+
 class ExternalEndpoint:
     def __init__(self, url: str, process: subprocess.Popen[bytes], log: Path) -> None:
         self.url, self.process, self.log = url, process, log
@@ -103,13 +117,18 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpo
     with open(log, "wb") as out:
         process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{EXTERNAL_PORT}/v1"
-    deadline = time.monotonic() + 600
+    # Progress, not a fixed total: on a busy machine the start is slower but keeps writing its log; it is
+    # stuck when neither the log nor the process's CPU time moved for STALL_S.
+    progress_at, seen = time.monotonic(), None
     try:
         while not _ready(url, EXTERNAL_KEY):
-            if process.poll() is not None or time.monotonic() > deadline:
+            now = (log.stat().st_size, _cpu_seconds(process.pid))
+            if now != seen:
+                progress_at, seen = time.monotonic(), now
+            if process.poll() is not None or time.monotonic() - progress_at > STALL_S:
                 raise RuntimeError(
-                    f"vLLM's OpenAI server did not become ready (exit {process.poll()}):\n"
-                    + log.read_text(errors="replace")[-3000:]
+                    f"vLLM's OpenAI server did not become ready (exit {process.poll()}; no progress for "
+                    f"{time.monotonic() - progress_at:.0f} s):\n" + log.read_text(errors="replace")[-3000:]
                 )
             time.sleep(2)
         yield ExternalEndpoint(url, process, log)
@@ -162,17 +181,14 @@ def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[Local
         },
         pending_apps=frozenset({"unplaced", "unplaced-ovf"}),
     )
-    local.start(deploy_timeout_s=900)
     import ray
 
-    ray.init(address=local.cluster.address, logging_level="WARNING", log_to_driver=False)
-    try:
-        yield local
-    finally:
-        ray.shutdown()
-        local.stop()
-        leftovers = local.cluster.processes()
-        assert not leftovers, f"processes left after stopping the test cluster: {[p.pid for p in leftovers]}"
+    with local.running(deploy_timeout_s=900):
+        ray.init(address=local.cluster.address, logging_level="WARNING", log_to_driver=False)
+        try:
+            yield local
+        finally:
+            ray.shutdown()
 
 
 @pytest.fixture(scope="package")
