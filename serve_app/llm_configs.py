@@ -13,6 +13,9 @@ from serve_app.config import AppConfig, RoleSpec
 
 # vLLM kv_role per serving role in disaggregated mode. Aggregated mode has no KV connector.
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Where vLLM loads the NIXL connector classes from: vLLM's own, with NIXL's busy UCX progress thread off
+# (serve_app/engine/nixl.py says why). A string: this module stays importable without vLLM.
+NIXL_CONNECTOR_MODULE = "serve_app.engine.nixl"
 
 
 def kv_transfer_config(app: AppConfig, role: str) -> Optional[dict[str, Any]]:
@@ -22,6 +25,7 @@ def kv_transfer_config(app: AppConfig, role: str) -> Optional[dict[str, Any]]:
     kv = app.kv_transfer
     return {
         "kv_connector": kv.connector,
+        "kv_connector_module_path": NIXL_CONNECTOR_MODULE,
         "kv_role": KV_ROLE[role],
         "kv_buffer_device": kv.buffer_device,
         "kv_connector_extra_config": {"backends": [kv.backend]},

@@ -47,6 +47,7 @@ def test_gpu_disaggregated_roles_map_to_ray_llm_configs() -> None:
     for role, config, kv_role in (("prefill", prefill, "kv_producer"), ("decode", decode, "kv_consumer")):
         assert config.engine_kwargs["kv_transfer_config"] == {
             "kv_connector": "NixlConnector",
+            "kv_connector_module_path": "serve_app.engine.nixl",
             "kv_role": kv_role,
             "kv_buffer_device": "cuda",
             "kv_connector_extra_config": {"backends": ["LIBFABRIC"]},
