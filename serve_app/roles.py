@@ -2,15 +2,22 @@
 
 Why: when a role has no running replica (its placement group cannot be scheduled, or every replica is
 dead and restarting), Serve's router waits for one without a deadline and the app stays DEPLOYING; a
-client would wait for the 300 s first-token timeout. A `RoleWatch` reads `serve.status()` every
-`poll_s` in the background, so the ingress answers 503 naming the role (or overflows) at once, the
-decode replica skips a prefill role that is down, and readiness reports both roles.
+client would wait for the 300 s first-token timeout. A `RoleWatch` reads `serve.status()` in the
+background, so the ingress answers 503 naming the role (or overflows) at once, the decode replica skips a
+prefill role that is down, and readiness reports both roles.
 
 A role counts as down only once two reads in a row found it without running replicas (`confirmed`),
 and before a request is turned away for it, Serve is read again (`confirmed_unavailable`: one shared
 read that started after the request arrived): the last background read may predate a replica that just
 came up (an app's first seconds), and nobody gets a 503 from a stale read. A request already waiting
 for a role sees it go down at the next read.
+
+Reads are bounded, in rate and in time. `serve.status()` is a controller RPC plus the whole app's status,
+~10 % of a core per replica at one read every 2 s; so the watch reads every `poll_s` only while requests
+ask for role states (for `active_s` after the last one), and every `idle_poll_s` otherwise (idle replicas
+cost next to nothing, a role that stays down included). The first request after an idle spell wakes the
+loop for a read at once. Every read has a deadline (`read_timeout_s`); a read that fails, times out or
+finds the app gone still counts as done, so nobody waits on it more than once.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from serve_app.telemetry.logs import get_logger
 
@@ -45,17 +52,57 @@ class RoleState:
 
 
 class RoleWatch:
-    """Background poll of the role deployments of one Serve app (runs on the replica's event loop)."""
+    """Reads of the role deployments of one Serve app, in the background on the replica's event loop.
 
-    def __init__(self, deployments: dict[str, str], *, poll_s: float, app_name: Optional[str] = None) -> None:
+    `read_status` (default `serve.status`, called in a worker thread) and `clock` (monotonic seconds) are
+    injectable for tests.
+    """
+
+    def __init__(
+        self,
+        deployments: dict[str, str],
+        *,
+        poll_s: float,
+        app_name: Optional[str] = None,
+        idle_poll_s: Optional[float] = None,
+        active_s: float = 60.0,
+        read_timeout_s: Optional[float] = None,
+        read_status: Optional[Callable[[], Any]] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._deployments = dict(deployments)
         self._poll_s = poll_s
+        self._idle_poll_s = max(poll_s, idle_poll_s if idle_poll_s is not None else max(30.0, 15 * poll_s))
+        self._active_s = active_s
+        self._read_timeout_s = read_timeout_s if read_timeout_s is not None else max(5.0, 2 * poll_s)
+        self._read_status = read_status
+        self._clock = clock
         self._app_name = app_name
         self._states: dict[str, RoleState] = {}
         self._task: Optional[asyncio.Task] = None
+        self._wake: Optional[asyncio.Event] = None
         self._refresh: Optional[asyncio.Future] = None
-        self._fresh_since = float("-inf")  # start time of the newest read that completed
+        self._fresh_since = float("-inf")  # start time of the newest read that completed (or failed)
+        self._last_read_at = float("-inf")
+        self._asked_at = float("-inf")  # last time a request asked for a role's state
         self._gauge = None
+        self.reads = 0  # reads started (tests and logs)
+
+    # ---- rate ----
+
+    def interval(self, now: Optional[float] = None) -> float:
+        """Seconds until the next background read: `poll_s` while requests ask, `idle_poll_s` when idle."""
+        now = self._clock() if now is None else now
+        return self._poll_s if now - self._asked_at < self._active_s else self._idle_poll_s
+
+    def _touch(self) -> None:
+        """A request asked: read at `poll_s` for the next `active_s`; after an idle spell, read at once."""
+        now = self._clock()
+        was_idle = now - self._asked_at >= self._active_s
+        self._asked_at = now
+        self.ensure_started()
+        if was_idle and now - self._last_read_at >= self._poll_s and self._wake is not None:
+            self._wake.set()
 
     def ensure_started(self) -> None:
         if self._task is None or self._task.done():
@@ -63,10 +110,13 @@ class RoleWatch:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 return
+            self._wake = asyncio.Event()
             self._task = loop.create_task(self._run(), name="rld-role-watch")
 
+    # ---- states ----
+
     def state(self, role: str) -> Optional[RoleState]:
-        self.ensure_started()
+        self._touch()
         return self._states.get(role)
 
     def unavailable(self, role: str, *, since: Optional[float] = None) -> Optional[RoleState]:
@@ -80,58 +130,82 @@ class RoleWatch:
         return state if state.confirmed else None
 
     async def confirmed_unavailable(self, role: str) -> Optional[RoleState]:
-        """`unavailable(role)` as of a read of Serve that started after this call (shared by callers)."""
+        """`unavailable(role)` as of a read of Serve that started after this call (shared by callers).
+        Waits for at most one read (bounded by `read_timeout_s`); when that read fails or finds no answer,
+        the last known state stands."""
         if self.unavailable(role) is None:
             return None
-        asked = time.monotonic()
-        while self._fresh_since < asked:
+        asked = self._clock()
+        if self._fresh_since < asked:
             if self._refresh is None or self._refresh.done():
-                self._refresh = asyncio.ensure_future(self.poll())
-            try:
-                await asyncio.shield(self._refresh)
-            except Exception as exc:  # noqa: BLE001 - cannot read: keep the last known state
-                logger.warning("role watch: reading serve.status() failed (%s: %s)", type(exc).__name__, exc)
-                break
+                self._refresh = asyncio.ensure_future(self._read())
+            await asyncio.shield(self._refresh)
         return self.unavailable(role)
 
     def snapshot(self) -> dict[str, Optional[RoleState]]:
-        self.ensure_started()
+        self._touch()
         return {role: self._states.get(role) for role in self._deployments}
 
+    # ---- reads ----
+
     async def _run(self) -> None:
+        assert self._wake is not None
         while True:
+            await self._read()
+            self._wake.clear()
             try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - keep the last known states, try again
-                logger.warning("role watch: reading serve.status() failed (%s: %s)", type(exc).__name__, exc)
-            await asyncio.sleep(self._poll_s)
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval())
+            except asyncio.TimeoutError:
+                pass
+
+    async def _read(self) -> None:
+        """One bounded read; never raises (but for cancellation): a failure keeps the last known states."""
+        try:
+            await asyncio.wait_for(self.poll(), timeout=self._read_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            logger.warning(
+                "role watch: serve.status() took longer than %.0f s; keeping the last known role states "
+                "(is the Serve controller overloaded? see the controller log on the head)",
+                self._read_timeout_s,
+            )
+        except Exception as exc:  # noqa: BLE001 - keep the last known states, try again later
+            logger.warning("role watch: reading serve.status() failed (%s: %s)", type(exc).__name__, exc)
 
     async def poll(self) -> None:
-        started = time.monotonic()
-        status = await asyncio.to_thread(_serve_status)
-        app_name = self._app_name or _own_app_name()
-        app = status.applications.get(app_name)
-        if app is None:
-            return
-        now = time.monotonic()
-        for role, name in self._deployments.items():
-            overview = app.deployments.get(name)
-            if overview is None:
-                state = RoleState(name, 0, "NOT_DEPLOYED", "not part of the app yet", now)
-            else:
-                running = sum(n for s, n in overview.replica_states.items() if str(getattr(s, "value", s)) == "RUNNING")
-                state = RoleState(name, running, str(getattr(overview.status, "value", overview.status)), overview.message, now)
-            previous = self._states.get(role)
-            if not state.available and previous is not None and not previous.available:
-                state = dataclasses.replace(state, confirmed=True)
-            if previous is None or previous.available != state.available:
-                log = logger.info if state.available else logger.warning
-                log("role %s: %s", role, f"{state.running} running replica(s)" if state.available else state.describe())
-            self._states[role] = state
-            self._publish(role, state)
-        self._fresh_since = max(self._fresh_since, started)
+        """Read Serve once and update the states. A read that ends (even finding the app gone) is fresh."""
+        started = self._clock()
+        self._last_read_at = started
+        self.reads += 1
+        try:
+            status = await asyncio.to_thread(self._read_status or _serve_status)
+            app_name = self._app_name or _own_app_name()
+            app = status.applications.get(app_name)
+            if app is None:
+                logger.warning("role watch: app %r is not in Serve's status (being deleted?)", app_name)
+                return
+            now = self._clock()
+            for role, name in self._deployments.items():
+                overview = app.deployments.get(name)
+                if overview is None:
+                    state = RoleState(name, 0, "NOT_DEPLOYED", "not part of the app yet", now)
+                else:
+                    running = sum(
+                        n for s, n in overview.replica_states.items() if str(getattr(s, "value", s)) == "RUNNING"
+                    )
+                    status_name = str(getattr(overview.status, "value", overview.status))
+                    state = RoleState(name, running, status_name, overview.message, now)
+                previous = self._states.get(role)
+                if not state.available and previous is not None and not previous.available:
+                    state = dataclasses.replace(state, confirmed=True)
+                if previous is None or previous.available != state.available:
+                    log = logger.info if state.available else logger.warning
+                    log("role %s: %s", role, f"{state.running} running replica(s)" if state.available else state.describe())
+                self._states[role] = state
+                self._publish(role, state)
+        finally:
+            self._fresh_since = max(self._fresh_since, started)
 
     def _publish(self, role: str, state: RoleState) -> None:
         if self._gauge is None:

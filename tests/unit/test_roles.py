@@ -1,0 +1,115 @@
+"""RoleWatch (serve_app/roles.py): reads of Serve's status are bounded in rate and in time.
+
+The status reader and the clock are injected; no Ray needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from serve_app.roles import RoleWatch
+
+
+class FakeServe:
+    """serve.status() of one app whose decode deployment has `running` replicas (or no app at all)."""
+
+    def __init__(self, running: int = 0, *, app: bool = True) -> None:
+        self.running = running
+        self.app = app
+        self.calls = 0
+        self.block: Optional[threading.Event] = None  # set: the read hangs until released
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        if self.block is not None:
+            self.block.wait(30)
+        if not self.app:
+            return SimpleNamespace(applications={})
+        deployment = SimpleNamespace(replica_states={"RUNNING": self.running}, status="UPDATING", message="")
+        return SimpleNamespace(applications={"app": SimpleNamespace(deployments={"Decode:m": deployment})})
+
+
+def _watch(serve: FakeServe, **kwargs: Any) -> RoleWatch:
+    watch = RoleWatch({"decode": "Decode:m"}, app_name="app", read_status=serve, **kwargs)
+    watch._publish = lambda *_: None  # type: ignore[method-assign]  # ray metrics need a Ray worker
+    return watch
+
+
+def test_the_app_vanishing_after_a_role_was_down_ends_the_wait_after_one_read() -> None:
+    """Was: `confirmed_unavailable` read Serve in a loop forever once the app left the status (10,555 reads in
+    3 s, every request and /health hung)."""
+    serve = FakeServe(running=0)
+
+    async def scenario() -> None:
+        watch = _watch(serve, poll_s=3600)
+        await watch.poll()
+        await watch.poll()
+        assert watch.unavailable("decode") is not None
+        serve.app = False
+        before = serve.calls
+        state = await asyncio.wait_for(watch.confirmed_unavailable("decode"), timeout=5)
+        assert state is not None  # the last known state stands
+        assert serve.calls - before <= 2  # this request's read (+ at most the background loop's first)
+
+    asyncio.run(scenario())
+
+
+def test_a_read_that_hangs_is_given_up_after_its_deadline() -> None:
+    serve = FakeServe(running=0)
+
+    async def scenario() -> None:
+        watch = _watch(serve, poll_s=3600, read_timeout_s=0.3)
+        await watch.poll()
+        await watch.poll()
+        serve.block = threading.Event()
+        try:
+            started = time.monotonic()
+            state = await asyncio.wait_for(watch.confirmed_unavailable("decode"), timeout=10)
+            waited = time.monotonic() - started
+        finally:
+            serve.block.set()
+        assert state is not None and state.confirmed
+        assert waited < 10  # bounded by read_timeout_s (0.3 s), not by the hung read (30 s)
+
+    asyncio.run(scenario())
+
+
+def test_reads_every_poll_s_while_requests_ask_and_every_idle_poll_s_after() -> None:
+    now = [1000.0]
+    watch = _watch(FakeServe(1), poll_s=2, idle_poll_s=30, active_s=60, clock=lambda: now[0])
+    assert watch.interval() == 30  # nobody asked yet
+    watch.state("decode")  # a request asks (no event loop here: nothing starts)
+    assert watch.interval() == 2
+    now[0] += 59
+    assert watch.interval() == 2
+    now[0] += 2
+    assert watch.interval() == 30
+    # A role that stays down does not keep an idle replica reading fast.
+    assert _watch(FakeServe(0), poll_s=2, clock=lambda: now[0]).interval() >= 30
+
+
+def test_an_idle_watch_stops_reading_and_a_request_wakes_it_at_once() -> None:
+    serve = FakeServe(running=1)
+
+    async def scenario() -> None:
+        watch = _watch(serve, poll_s=0.05, idle_poll_s=3600, active_s=0.3)
+        watch.state("decode")  # starts the loop, active
+        await asyncio.sleep(0.6)
+        active_reads = serve.calls
+        assert active_reads >= 3  # read every 0.05 s while active (loose: a loaded machine is slower)
+        await asyncio.sleep(0.5)  # idle since 0.3 s: at most the read already under way
+        idle_start = serve.calls
+        await asyncio.sleep(1.0)
+        assert serve.calls == idle_start, "an idle watch kept reading Serve"
+        watch.state("decode")  # the first request after the idle spell
+        deadline = time.monotonic() + 5
+        while serve.calls == idle_start and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert serve.calls > idle_start, "a request after an idle spell did not wake a read"
+        watch._task.cancel()
+
+    asyncio.run(scenario())
