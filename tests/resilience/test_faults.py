@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from typing import Callable
 
 import httpx
 import psutil
@@ -39,7 +40,10 @@ from devstack.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-TTFT_LIMIT_S = 10.0
+# Bounds on TTFT during a fault are derived from the TTFT the same requests get just before it, on this
+# machine, now (issue 22: constants failed at load 16-22 on 2 cores): the fault may add TTFT_SLACK_S plus a few
+# normal requests' time (the requests queued behind it), never a timeout's worth.
+TTFT_SLACK_S = 10.0
 RECOVERY_S = 600  # a replica restart loads a vLLM engine: a minute or more on 2 busy cores
 PREFILL, DECODE = "Prefill:tiny", "Decode:tiny"
 
@@ -58,6 +62,13 @@ def summary(outcomes: list[Outcome]) -> str:
 
 def worst_ttft(outcomes: list[Outcome]) -> float:
     return max(o.ttft_s or float("inf") for o in outcomes)
+
+
+def ttft_bound(request: Callable[[], Outcome]) -> tuple[float, float]:
+    """(bound, baseline): the worst TTFT of three such requests now, and TTFT_SLACK_S + 3x that."""
+    baseline = [request() for _ in range(3)]
+    assert all(o.ok for o in baseline), summary(baseline)
+    return TTFT_SLACK_S + 3 * worst_ttft(baseline), worst_ttft(baseline)
 
 
 def wait_for_full_strength(stack: LocalStack, http: httpx.Client) -> None:
@@ -81,6 +92,9 @@ def wait_for_full_strength(stack: LocalStack, http: httpx.Client) -> None:
 
 def test_hung_prefill_is_answered_within_its_deadline(stack: LocalStack, http: httpx.Client) -> None:
     wait_for_full_strength(stack, http)
+    # What a request costs on this machine right now, with every engine up (the machine may be loaded: the
+    # bound below is derived from it, not a constant; issue 22).
+    _, baseline_ttft = ttft_bound(lambda: stream_chat(http))
     (replica,) = replica_processes("main", PREFILL)
     core = engine_core(replica)
     before = failovers(stack, reason="timeout", served_by="fallback")
@@ -91,9 +105,14 @@ def test_hung_prefill_is_answered_within_its_deadline(stack: LocalStack, http: h
     finally:
         core.resume()
     outcomes = load.outcomes
-    measured(f"\nhung prefill: {len(outcomes)} requests, worst TTFT {worst_ttft(outcomes):.2f} s\n{summary(outcomes)}")
+    # The deadline, then a local prefill on decode: each of the ~8 requests queued behind it costs at most a few
+    # normal requests' time on top.
+    limit = PREFILL_TIMEOUT_S + ROUTING_TIMEOUT_S + 5 + 3 * baseline_ttft
+    measured(
+        f"\nhung prefill: {len(outcomes)} requests, worst TTFT {worst_ttft(outcomes):.2f} s (bound {limit:.1f} s; "
+        f"before: worst TTFT {baseline_ttft:.2f} s)\n{summary(outcomes)}"
+    )
     assert outcomes and all(o.ok for o in outcomes), summary(outcomes)
-    limit = PREFILL_TIMEOUT_S + ROUTING_TIMEOUT_S + 5
     assert worst_ttft(outcomes) <= limit, summary(outcomes)
     # The deadline was really what answered: someone waited for it, and decode counted the fallback.
     assert worst_ttft(outcomes) >= PREFILL_TIMEOUT_S, summary(outcomes)
@@ -152,6 +171,7 @@ def test_kv_that_cannot_be_loaded_is_recomputed(stack: LocalStack, http: httpx.C
 def test_prefill_replica_killed_under_load_fails_no_request(stack: LocalStack, http: httpx.Client) -> None:
     wait_for_full_strength(stack, http)
     fallback_before = served_by_path(stack, "fallback")
+    bound, baseline = ttft_bound(lambda: stream_chat(http))
     (replica,) = replica_processes("main", PREFILL)
     with Load(lambda: stream_chat(http), interval_s=1.0) as load:
         time.sleep(5)
@@ -162,12 +182,12 @@ def test_prefill_replica_killed_under_load_fails_no_request(stack: LocalStack, h
     after = [o for o in outcomes if o.started >= killed]
     measured(
         f"\nprefill killed: {len(outcomes)} requests ({len(after)} after the kill), "
-        f"worst TTFT {worst_ttft(outcomes):.2f} s\n{summary(outcomes)}"
+        f"worst TTFT {worst_ttft(outcomes):.2f} s (bound {bound:.1f} s; before: {baseline:.2f} s)\n{summary(outcomes)}"
     )
     assert len(outcomes) >= 25 and len(after) >= 20
     failed = [o for o in outcomes if not o.ok]
     assert not failed, summary(failed)
-    assert worst_ttft(outcomes) <= TTFT_LIMIT_S, summary(outcomes)
+    assert worst_ttft(outcomes) <= bound, summary(outcomes)
     assert all(o.backend == "cluster" for o in outcomes)  # served by this cluster, not overflow
     wait_until(
         "requests prefilled locally on decode (path=fallback)",
@@ -177,7 +197,7 @@ def test_prefill_replica_killed_under_load_fails_no_request(stack: LocalStack, h
     wait_for_full_strength(stack, http)
 
 
-def test_decode_replica_killed_new_requests_served_within_10_s(stack: LocalStack, http: httpx.Client) -> None:
+def test_decode_replica_killed_new_requests_served_promptly(stack: LocalStack, http: httpx.Client) -> None:
     wait_for_full_strength(stack, http)
     replicas = replica_processes("main", DECODE)
     assert len(replicas) == 2
@@ -188,6 +208,7 @@ def test_decode_replica_killed_new_requests_served_within_10_s(stack: LocalStack
         # load stays under the admission limit (an overflowed request would not test this cluster).
         return stream_chat(http, prompt=long_prompt(), max_tokens=100, extra={"ignore_eos": True})
 
+    bound, baseline = ttft_bound(long_stream)
     with Load(long_stream, interval_s=1.0) as load:
         time.sleep(6)
         victim.kill()
@@ -198,13 +219,13 @@ def test_decode_replica_killed_new_requests_served_within_10_s(stack: LocalStack
     during = [o for o in outcomes if o.started < killed]
     measured(
         f"\ndecode killed: {len(outcomes)} requests, {len(after)} sent after the kill, worst TTFT of those "
-        f"{worst_ttft(after):.2f} s\n{summary(outcomes)}"
+        f"{worst_ttft(after):.2f} s (bound {bound:.1f} s; before: {baseline:.2f} s)\n{summary(outcomes)}"
     )
     assert len(after) >= 20
     failed_after = [o for o in after if not o.ok]
     assert not failed_after, summary(failed_after)
     assert all(o.backend == "cluster" for o in outcomes), summary(outcomes)
-    assert worst_ttft(after) <= TTFT_LIMIT_S, summary(after)
+    assert worst_ttft(after) <= bound, summary(after)
     # Streams that were on the dead replica end promptly: finished, or an error event then [DONE].
     for outcome in during:
         assert outcome.status == 200 and outcome.events and outcome.events[-1] == "[DONE]", outcome.describe()

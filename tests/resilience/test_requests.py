@@ -177,8 +177,10 @@ def test_client_disconnect_aborts_the_request_on_the_engines(
     closed = time.monotonic()
     for client in streams:
         client.close()  # the client goes away mid-stream
-    wait_until("the engines to drop the abandoned requests", lambda: engine_requests(stack) == 0, timeout_s=20, every_s=0.5)
-    assert time.monotonic() - closed < 20
+    # The engines' gauges reach the exporter every 2 s, later on a loaded machine: the wait is generous, and
+    # what tells an abort from a run to the end is the count of finished requests below, not the time.
+    wait_until("the engines to drop the abandoned requests", lambda: engine_requests(stack) == 0, timeout_s=60, every_s=0.5)
+    measured(f"client disconnect: engines idle {time.monotonic() - closed:.1f} s after the clients left")
     # Aborted, not run to the end: none of them counts as a finished request.
     assert total(node_metrics(stack, "decode"), "ray_vllm_request_success_total") == finished_before
 

@@ -1,5 +1,11 @@
-"""A role that cannot be placed or has no running replica: requests get 503 with Retry-After within 5 s,
-naming the role (instead of waiting 300 s in Serve's router); readiness reflects both roles."""
+"""A role that cannot be placed or has no running replica: requests get 503 with Retry-After at once,
+naming the role (instead of waiting for the first-token timeout in Serve's router); readiness reflects both
+roles.
+
+"At once" is measured against what this machine does right now, not a constant: the 503 costs one HTTP round
+trip plus one fresh read of Serve's status (serve_app/roles.py), both timed here just before, so the bound
+holds on a loaded machine (issue 22: fixed bounds failed at load 16-22) and still fails if the request waited
+for the router (120 s here)."""
 
 from __future__ import annotations
 
@@ -17,14 +23,25 @@ BODY = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hello"}], "
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_unplaceable_role_gets_503_naming_it_within_5_s(http: httpx.Client, stream: bool) -> None:
+def test_unplaceable_role_gets_503_naming_it_at_once(http: httpx.Client, stream: bool) -> None:
+    from ray import serve
+
+    started = time.monotonic()
+    serve.status()  # what the app reads before turning a request away
+    status_read_s = time.monotonic() - started
+    started = time.monotonic()
+    rejected = http.post("/unplaced/v1/chat/completions", json={**BODY, "max_tokens": -1})  # a 400 before any read
+    round_trip_s = time.monotonic() - started
+    assert rejected.status_code == 400, rejected.text
+    bound_s = 5 + 3 * (status_read_s + round_trip_s)
     started = time.monotonic()
     response = http.post("/unplaced/v1/chat/completions", json={**BODY, "stream": stream})
     elapsed = time.monotonic() - started
     measured(f"unplaceable role ({'stream' if stream else 'json'}): {response.status_code} after {elapsed:.2f} s, "
-             f"Retry-After {response.headers.get('retry-after')}")
+             f"Retry-After {response.headers.get('retry-after')} (bound {bound_s:.1f} s: a status read took "
+             f"{status_read_s:.2f} s, a 400 {round_trip_s:.2f} s)")
     assert response.status_code == 503, response.text
-    assert elapsed < 5, f"answered after {elapsed:.1f} s"
+    assert elapsed < bound_s, f"answered after {elapsed:.1f} s (bound {bound_s:.1f} s)"
     error = error_of(response)
     assert error["code"] == "decode_unavailable"
     assert "decode role is unavailable" in error["message"]
