@@ -7,11 +7,40 @@ from typing import Iterator
 
 import pytest
 
+from tests import shared_stack
 from tests.suite_times import SuiteClock
+
+_SHARED = shared_stack.SharedStack()
+_LAST_USER: list[str] = []  # node id of the last test that uses the shared stack
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SuiteClock(), "rld-suite-times")  # the "suite times" table at the end
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    shared_stack.order_suites(items)  # the suites sharing a stack run back to back
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    users = [i.nodeid for i in session.items if shared_stack.FIXTURE in getattr(i, "fixturenames", ())]
+    _LAST_USER[:] = users[-1:]
+
+
+@pytest.fixture(scope="session")
+def serve_stack() -> "shared_stack.LocalStack":
+    """The stack tests/serve_app and tests/monitoring share (tests/shared_stack.py)."""
+    return _SHARED.get()
+
+
+@pytest.hookimpl(trylast=True)  # after the item's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: "pytest.Item | None") -> None:
+    if _SHARED.running and (nextitem is None or item.nodeid in _LAST_USER):
+        _SHARED.stop()
+
+
+def pytest_sessionfinish() -> None:
+    _SHARED.stop()
 
 
 def _ray_connected() -> bool:

@@ -1,23 +1,17 @@
-"""One real local stack for the monitoring suite (disaggregated, tiny CPU model, its own port plan),
-stopped before the next suite starts its own (two stacks at once do not fit a 24 GB machine).
-
-Starting it takes ~2-4 min and ~9 GB; run under `flock /tmp/rld-stack.lock` on a shared machine.
-"""
+"""The monitoring suite runs on the stack it shares with tests/serve_app (tests/shared_stack.py), right after
+that suite: its app `disagg` is the disaggregated app Prometheus would scrape here."""
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import pytest
 
-from .monitoring_live import Scrape, observe, new_stack
+from .monitoring_live import Scrape, observe
 from devstack.stack import LocalStack
 
 
 @pytest.fixture(scope="package")
-def stack() -> Iterator[LocalStack]:
-    with new_stack().running(deploy_timeout_s=900) as local:
-        yield local
+def stack(serve_stack: LocalStack) -> LocalStack:
+    return serve_stack
 
 
 @pytest.fixture(scope="package")

@@ -24,7 +24,7 @@ from devstack.ports import TESTS_OBSERVABILITY
 from devstack.serve_config import MODEL_ID
 from devstack.stack import LocalStack
 
-PORTS = TESTS_OBSERVABILITY  # devstack/ports.py: this suite's own plan
+PORTS = TESTS_OBSERVABILITY  # devstack/ports.py: dashboard_png.py's own plan (the suite shares tests/serve_app's stack)
 APP = "disagg"
 # What the chart's PodMonitor gives every series of a pod (release llm in namespace llm): KubeRay's
 # `ray.io/group` of the head is `headgroup`, of a worker its group name.
@@ -57,6 +57,7 @@ class Scrape:
 
 
 def new_stack() -> LocalStack:
+    """dashboard_png.py's stack (the test suite uses the one it shares with tests/serve_app)."""
     return LocalStack(apps={APP: ("/", "disaggregated")}, ports=PORTS)
 
 
@@ -86,8 +87,11 @@ def prompt(words: int) -> str:
 
 
 def post(stack: LocalStack, path: str, body: dict, timeout_s: float = 180) -> bytes:
+    headers = {"Content-Type": "application/json"}
+    if stack.api_keys:  # the stack shared with tests/serve_app has auth on
+        headers["Authorization"] = f"Bearer {stack.api_keys[0]}"
     request = urllib.request.Request(f"{stack.base_url(APP)}/{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers=headers, method="POST")
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return response.read()
 
@@ -158,7 +162,7 @@ def provoke_nixl_failures(stack: LocalStack) -> None:
         params = chunks[0].kv_transfer_params
         assert params and params.get("remote_block_ids"), f"prefill returned no kv_transfer_params: {chunks[0]}"
         # a port of this suite's own plan that nothing listens on (aux ports serve no one here)
-        unreachable = dict(params, remote_port=PORTS.aux(9), remote_engine_id=f"gone-{uuid.uuid4().hex[:8]}")
+        unreachable = dict(params, remote_port=stack.ports.aux(9), remote_engine_id=f"gone-{uuid.uuid4().hex[:8]}")
         second = CompletionRequest(model=MODEL_ID, prompt=text, max_tokens=2, stream=False, kv_transfer_params=unreachable)
         try:
             [c async for c in handle.completions.remote(second, None)]

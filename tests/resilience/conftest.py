@@ -87,8 +87,28 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class ExternalEndpoint:
+    """vLLM's own server, started in the background: `wait_ready()` before sending to it (the stack fixture does,
+    after starting the stack: the two starts overlap, ~1-2 min off the suite on 2 cores)."""
+
     def __init__(self, url: str, process: subprocess.Popen[bytes], log: Path) -> None:
         self.url, self.process, self.log = url, process, log
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        # Progress, not a fixed total: on a busy machine the start is slower but keeps writing its log; it is
+        # stuck when neither the log nor the process's CPU time moved for STALL_S.
+        progress_at, seen = time.monotonic(), None
+        while not self.ready and not _ready(self.url, EXTERNAL_KEY):
+            now = (self.log.stat().st_size, _cpu_seconds(self.process.pid))
+            if now != seen:
+                progress_at, seen = time.monotonic(), now
+            if self.process.poll() is not None or time.monotonic() - progress_at > STALL_S:
+                raise RuntimeError(
+                    f"vLLM's OpenAI server did not become ready (exit {self.process.poll()}; no progress for "
+                    f"{time.monotonic() - progress_at:.0f} s):\n" + self.log.read_text(errors="replace")[-3000:]
+                )
+            time.sleep(2)
+        self.ready = True
 
 
 def _ready(url: str, key: str) -> bool:
@@ -102,7 +122,7 @@ def _ready(url: str, key: str) -> bool:
 
 @pytest.fixture(scope="package")
 def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpoint]:
-    """vLLM's own OpenAI server on the tiny model: the overflow target."""
+    """vLLM's own OpenAI server on the tiny model: the overflow target (starting; see ExternalEndpoint)."""
     from devstack.tiny_model import ensure_tiny_model
 
     log = tmp_path_factory.mktemp("external") / "vllm.log"
@@ -117,20 +137,7 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpo
     with open(log, "wb") as out:
         process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{EXTERNAL_PORT}/v1"
-    # Progress, not a fixed total: on a busy machine the start is slower but keeps writing its log; it is
-    # stuck when neither the log nor the process's CPU time moved for STALL_S.
-    progress_at, seen = time.monotonic(), None
     try:
-        while not _ready(url, EXTERNAL_KEY):
-            now = (log.stat().st_size, _cpu_seconds(process.pid))
-            if now != seen:
-                progress_at, seen = time.monotonic(), now
-            if process.poll() is not None or time.monotonic() - progress_at > STALL_S:
-                raise RuntimeError(
-                    f"vLLM's OpenAI server did not become ready (exit {process.poll()}; no progress for "
-                    f"{time.monotonic() - progress_at:.0f} s):\n" + log.read_text(errors="replace")[-3000:]
-                )
-            time.sleep(2)
         yield ExternalEndpoint(url, process, log)
     finally:
         if process.poll() is None:
@@ -184,6 +191,7 @@ def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[Local
     import ray
 
     with local.running(deploy_timeout_s=900):
+        external.wait_ready()
         ray.init(address=local.cluster.address, logging_level="WARNING", log_to_driver=False)
         try:
             yield local

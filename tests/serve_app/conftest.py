@@ -1,10 +1,5 @@
-"""One real local stack for this package's tests, stopped before the next suite starts its own (two
-stacks at once do not fit a 24 GB machine): loopback Ray (head + prefill + decode nodes), vLLM CPU
-engines, the tiny model, deployed by the demo's own launcher (devstack.stack) with two apps:
-  disagg at /     : prefill + decode, NIXL KV transfer, selective disaggregation
-  agg    at /agg  : one engine serving whole requests (the A/B baseline)
-Its port plan (devstack/ports.py) is its own, so the suite can run while a demo is up (memory permitting).
-"""
+"""The serve_app suite runs on the stack it shares with tests/monitoring (tests/shared_stack.py: disagg at /,
+agg at /agg, auth on)."""
 
 from __future__ import annotations
 
@@ -14,23 +9,15 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from devstack.ports import TESTS_SERVE_APP
 from devstack.stack import LocalStack
+from tests.shared_stack import API_KEY
 
 from .serve_helpers import authorized_client
 
-API_KEY = "rld-serve-app-tests"  # auth is on, as in the demo (tests/resilience covers auth itself)
-
 
 @pytest.fixture(scope="package")
-def stack() -> Iterator[LocalStack]:
-    local = LocalStack(
-        apps={"disagg": ("/", "disaggregated"), "agg": ("/agg", "aggregated")},
-        ports=TESTS_SERVE_APP,
-        api_keys=(API_KEY,),
-    )
-    with local.running(deploy_timeout_s=900):
-        yield local
+def stack(serve_stack: LocalStack) -> LocalStack:
+    return serve_stack
 
 
 @pytest.fixture(scope="package")
