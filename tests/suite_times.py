@@ -20,6 +20,7 @@ import pytest
 
 TOP_LEVEL = "(tests/*.py)"
 SLOWEST = 3  # tests named per suite in the table
+TOP_IDLE = 4  # processes named per idle stack
 
 
 def suite_of(nodeid: str) -> str:
@@ -34,6 +35,7 @@ class Suite:
     outcomes: Counter = field(default_factory=Counter)
     seconds: Counter = field(default_factory=Counter)  # nodeid -> setup + call + teardown
     idle_cpu: list[float] = field(default_factory=list)  # total % of a core of each stack it started, idle
+    idle_top: list[str] = field(default_factory=list)  # per stack: its apps, window and biggest consumers
 
     @property
     def wall(self) -> float:
@@ -62,8 +64,10 @@ class SuiteClock:
         suite.end = time.monotonic()
         stacks = sys.modules.get("devstack.stack")  # LocalStack.running() measures each stack idle once
         measured = getattr(stacks, "IDLE_CPU", [])
-        for _apps, _window, usage in measured[self._idle_seen:]:
+        for apps, window, usage in measured[self._idle_seen:]:
             suite.idle_cpu.append(sum(usage.values()))
+            top = ", ".join(f"{title} {pct:.1f}" for title, pct in sorted(usage.items(), key=lambda kv: -kv[1])[:TOP_IDLE])
+            suite.idle_top.append(f"apps {apps} over {window:.0f} s: {top}")
         self._idle_seen = len(measured)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -101,6 +105,11 @@ class SuiteClock:
         for name, wall, idle, counts, slow in rows:
             terminalreporter.write_line(f"{name:<{width}}  {wall:>6}  {idle:>10}  {counts}  |  {slow}")
         terminalreporter.write_line(f"{'all':<{width}}  {total:>6.0f}")
+        idle = [(name, line) for name, suite in self.suites.items() for line in suite.idle_top]
+        if idle:
+            terminalreporter.section("idle CPU of each stack (% of a core, biggest processes)")
+            for name, line in idle:
+                terminalreporter.write_line(f"{name:<{width}}  {line}")
         out = os.environ.get("RLD_SUITE_TIMES_FILE")
         if out:
             lines = ["suite\twall_s\tidle_cpu_pct\toutcomes\tslowest"] + ["\t".join(r) for r in rows]
