@@ -1,6 +1,6 @@
-"""One local stack shared by tests/serve_app and tests/monitoring: both need the disaggregated tiny-model app,
-and starting a stack costs 3-4 min on 2 cores (issue 22: the suites' own time). tests/conftest.py runs the two
-suites back to back; the stack starts for the first test that asks for it (fixture `serve_stack`) and stops
+"""One local stack shared by tests/loadtests (its `agg` app), tests/serve_app and tests/monitoring (`disagg`):
+starting a stack costs 2-4 min on 2 cores (issue 22: the suites' own time). tests/conftest.py runs the three
+suites back to back (tests/serve_app's last test breaks `agg` on purpose: loadtests go first); the stack starts for the first test that asks for it (fixture `serve_stack`) and stops
 right after the last one, before any other suite starts its own (two stacks do not fit 24 GB).
 
 The stack: loopback Ray (head + prefill + decode nodes), vLLM CPU engines, the tiny model, deployed by the demo's
@@ -19,7 +19,7 @@ from devstack.ports import TESTS_SERVE_APP
 from devstack.stack import LocalStack
 
 API_KEY = "rld-serve-app-tests"  # auth is on, as in the demo (tests/resilience covers auth itself)
-SUITES = ("serve_app", "monitoring")  # the suites that use it, in the order they run
+SUITES = ("loadtests", "serve_app", "monitoring")  # the suites that use it, in the order they run
 FIXTURE = "serve_stack"
 
 

@@ -1,8 +1,8 @@
 """Fixtures for the load-test suite: a real OpenAI server on loopback and a Locust runner.
 
-`llm_server` (module scope) serves the tiny model with OUR app, aggregated mode, through the local
-launcher (devstack.stack.LocalStack: loopback Ray cluster + serve config + build_app), on a
-port plan of its own. Set RLD_LOADTEST_SERVER=vllm to use vLLM's own OpenAI server instead (also
+`llm_server` (module scope) serves the tiny model with OUR app, aggregated mode: the `agg` app of the stack
+tests/serve_app and tests/monitoring share (tests/shared_stack.py; this suite runs right before them, so
+one stack start serves all three). Set RLD_LOADTEST_SERVER=vllm to use vLLM's own OpenAI server instead (also
 the fallback when the launcher is not importable), or RLD_LOADTEST_URL=http://127.0.0.1:PORT to
 use a server that is already running. Whatever serves, it is started and stopped here.
 """
@@ -22,10 +22,10 @@ import pytest
 from .lt_helpers import Server
 
 from devstack.ports import TESTS_LOADTESTS
+from tests.shared_stack import FIXTURE
 
 # The suite's own port plan (devstack/ports.py): disjoint from the demo's, the bench's and the other suites'.
 TEST_VLLM_PORT = TESTS_LOADTESTS.aux(0)
-APP_API_KEY = "rld-loadtests-key"  # our app runs with auth on, as the demo does; Locust sends it
 
 
 def _ready(url: str) -> bool:
@@ -34,14 +34,6 @@ def _ready(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
-
-
-def _start_app() -> tuple[Server, object]:
-    from devstack.stack import LocalStack
-
-    stack = LocalStack(apps={"llm": ("/", "aggregated")}, ports=TESTS_LOADTESTS, api_keys=(APP_API_KEY,))
-    stack.start()
-    return Server(stack.base_url("llm"), "app-aggregated", api_key=APP_API_KEY), stack
 
 
 def _start_vllm(log_path: Path) -> tuple[Server, subprocess.Popen[bytes]]:
@@ -80,7 +72,7 @@ def _stop_vllm(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")  # only test_loadtest_e2e.py uses it: stopped before other suites start theirs
-def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def llm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     external = os.environ.get("RLD_LOADTEST_URL")
     if external:
         url = external.rstrip("/")
@@ -97,13 +89,13 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             want = "vllm"
     t0 = time.monotonic()
     if want == "app":
-        server, stack = _start_app()
+        from tests.shared_stack import API_KEY
+
+        stack = request.getfixturevalue(FIXTURE)  # started here when this suite runs first; stopped by its last user
+        server = Server(stack.base_url("agg"), "app-aggregated", api_key=API_KEY)
         print(f"\n[loadtests] our app (aggregated) at {server.base_url}, up in {time.monotonic() - t0:.0f} s",
               file=sys.stderr)
-        try:
-            yield server
-        finally:
-            stack.stop()  # type: ignore[attr-defined]
+        yield server
     else:
         server, proc = _start_vllm(tmp_path_factory.mktemp("vllm") / "vllm.log")
         print(f"\n[loadtests] vLLM OpenAI server at {server.base_url}, up in {time.monotonic() - t0:.0f} s",
