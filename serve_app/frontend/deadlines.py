@@ -122,6 +122,9 @@ async def _next_chunk(iterator: Any, limit: float, role_down: Optional[Callable[
     finally:
         if not task.done():
             task.cancel()
+            # Let the cancellation land before anyone closes the stream: closing an async generator whose
+            # __anext__ is still running raises RuntimeError (a 500 instead of the 503 above).
+            await asyncio.wait({task})
 
 
 def _error_chunk(chunk: Any) -> Optional[ErrorResponse]:

@@ -154,7 +154,7 @@ def test_hostile_requests_get_a_fast_4xx_while_a_stream_keeps_flowing(stack: Loc
 
 def test_a_non_utf8_request_id_is_a_4xx_not_a_500(stack: LocalStack, http: httpx.Client) -> None:
     response, took = timed(lambda: http.post("/v1/chat/completions", json=chat(),
-                                             headers={"x-request-id": b"\xff\xfe-id".decode("latin-1")}))
+                                             headers={"x-request-id": b"\xff\xfe-id"}))
     measured(f"hostile: non-UTF-8 x-request-id: {response.status_code} in {took * 1000:.0f} ms")
     assert 400 <= response.status_code < 500, response.text[:300]
     assert took < ANSWER_S
