@@ -65,6 +65,7 @@ from serve_app.telemetry.logs import get_logger
 logger = get_logger(__name__)
 
 HEALTH_CHECK_TIMEOUT_S = 10.0
+VALIDATE_IN_THREAD_BYTES = 256 * 1024  # larger bodies are parsed and validated off the event loop
 HEALTH_CACHE_S = 1.0  # /health is open: at most one round of checks per second, however often it is called
 ADMIT_STATE_KEY = "rld_admit"
 # Largest output assumed for a non-streamed request's deadline when neither the request, limits.max_tokens
@@ -217,12 +218,21 @@ class BoundedOpenAiIngress(OpenAiIngress):
 
         return check
 
+    def _validate(self, raw: bytes, kind: str) -> tuple[dict[str, Any], Any]:
+        data = parse_json_object(raw)
+        body = validate_request(
+            data, kind, limits=self._limits, models=self._model_cards, max_model_len=self._max_model_len, raw=raw
+        )
+        return data, body
+
     async def _serve_openai(self, request: Request, kind: str) -> Response:
         rid = request_id(request)
-        data = parse_json_object(await request.body())
-        body = validate_request(
-            data, kind, limits=self._limits, models=self._model_cards, max_model_len=self._max_model_len
-        )
+        raw = await request.body()
+        if len(raw) > VALIDATE_IN_THREAD_BYTES:
+            # Linear and capped, but a few MB still take tens of ms: let the loop's other streams run meanwhile.
+            data, body = await asyncio.to_thread(self._validate, raw, kind)
+        else:
+            data, body = self._validate(raw, kind)
         model_id = body.model or next(iter(self._model_cards))
         admit = Admit(
             kind=kind,

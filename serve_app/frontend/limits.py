@@ -119,8 +119,37 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise invalid(
             None, f"The request body must be a JSON object, not {_json_type(data)}.", code="invalid_json"
         )
-    _check_strings(data)
     return data
+
+
+def check_text(data: dict[str, Any], raw: Optional[bytes]) -> None:
+    """Nesting at most MAX_JSON_DEPTH; no lone UTF-16 surrogate in any string (walked only when the raw body
+    has a surrogate escape at all)."""
+    _check_nesting(data)
+    if raw is None or _MAYBE_SURROGATE.search(raw):
+        _check_strings(data)  # only then can a string hold a lone surrogate: the full walk, with paths
+
+
+# A lone UTF-16 surrogate can only come from a JSON escape (raw UTF-8 cannot encode one).
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _check_nesting(data: Any) -> None:
+    """At most MAX_JSON_DEPTH levels of arrays/objects; visits containers only (strings and numbers are
+    skipped with one isinstance test each), so a list of 400k strings costs milliseconds."""
+    stack: list[tuple[Any, int, Optional[str]]] = [(data, 0, None)]
+    while stack:
+        value, depth, top = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise invalid(top, f"The request body nests deeper than {MAX_JSON_DEPTH} levels.")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, (dict, list)):
+                    stack.append((item, depth + 1, key if top is None else top))
+        else:
+            for item in value:
+                if isinstance(item, (dict, list)):
+                    stack.append((item, depth + 1, top))
 
 
 def _check_strings(data: Any) -> None:
@@ -159,11 +188,14 @@ def validate_request(
     limits: LimitsSpec,
     models: Iterable[str],
     max_model_len: Optional[int] = None,
+    raw: Optional[bytes] = None,
 ) -> Request:
     """The typed request for `kind` ("chat" | "completions"), or an OpenAIError (400/404).
 
-    Linear in the body: the key count first, then shapes and the per-token cost caps on the raw JSON,
-    then one pydantic validation."""
+    Linear in the body: the key count first, then shapes and the per-token cost caps on the raw JSON (counts
+    before items: a 400k-entry `stop` is refused without looking at its entries), then nesting and text
+    (`raw`, the body as received, lets the surrogate walk be skipped when it cannot find anything), then one
+    pydantic validation."""
     if len(data) > limits.max_top_level_keys:
         raise invalid(
             None,
@@ -173,6 +205,7 @@ def validate_request(
         )
     _check_shapes(data, kind)
     check_costs(data, kind, limits)  # after the shapes: it relies on their types
+    check_text(data, raw)
     model = data.get("model")
     served = list(models)
     if model is not None and model not in served:

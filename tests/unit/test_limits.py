@@ -202,3 +202,35 @@ def test_sequences_weigh_prompts_times_n(data: dict[str, Any], kind: str, expect
 
 def test_no_culprit_search_is_left() -> None:
     assert not hasattr(limits_module, "_culprit")
+
+
+# ---- text and nesting: checked after the caps, walked only as far as needed ----
+
+
+@pytest.mark.parametrize("with_raw", [True, False])
+def test_a_lone_surrogate_anywhere_is_a_400_naming_its_path(with_raw: bool) -> None:
+    raw = b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    data = parse_json_object(raw)
+    error = refuse(data, raw=raw if with_raw else None)
+    assert error.param == "messages.0.content"
+
+
+def test_deep_nesting_is_a_400_naming_the_top_level_field() -> None:
+    error = refuse(chat(metadata=json.loads("[" * 100 + "]" * 100)))
+    assert error.param == "metadata" and "nests deeper" in error.message
+
+
+def test_the_string_walk_is_skipped_when_the_body_has_no_surrogate_escape(monkeypatch: pytest.MonkeyPatch) -> None:
+    walked: list[int] = []
+    monkeypatch.setattr(limits_module, "_check_strings", lambda data: walked.append(1))
+    raw = json.dumps(completion(prompt=["p"] * 64)).encode()
+    validate_request(parse_json_object(raw), "completions", limits=LIMITS, models=[MODEL], raw=raw)
+    assert walked == []
+
+
+def test_a_refused_count_never_walks_the_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    walked: list[int] = []
+    monkeypatch.setattr(limits_module, "check_text", lambda data, raw: walked.append(1))
+    raw = json.dumps(chat(stop=["s"] * 400_000)).encode()
+    assert refuse(parse_json_object(raw), raw=raw).param == "stop"
+    assert walked == []
