@@ -277,3 +277,20 @@ def test_a_non_streamed_deadline_grows_with_max_tokens() -> None:
     short = non_stream_deadline_s(timeouts.first_token_s, timeouts.non_stream_per_token_s, 16)
     long = non_stream_deadline_s(timeouts.first_token_s, timeouts.non_stream_per_token_s, 4096)
     assert short == pytest.approx(34) and long == pytest.approx(30 + 1024)
+
+
+def test_serves_own_http_servers_get_the_edge_guard() -> None:
+    """The frontend (and every engine role, for direct streaming) names the callback Serve calls for its HTTP
+    server's middlewares, and the callback gives what Serve accepts."""
+    from ray._common.utils import import_attr
+    from ray.serve._private.http_util import validate_http_proxy_callback_return
+
+    from serve_app.config import AppConfig
+    from serve_app.llm_configs import EDGE_CALLBACK, EDGE_CALLBACK_ENV, frontend_deployment_config, runtime_env
+
+    app = AppConfig.model_validate({"model": {"id": "m", "source": "/m"}, "prefill": {}, "decode": {}})
+    frontend_env = frontend_deployment_config(app)["ray_actor_options"]["runtime_env"]["env_vars"]
+    assert frontend_env[EDGE_CALLBACK_ENV] == EDGE_CALLBACK
+    assert runtime_env(app, "decode", app.decode)["env_vars"][EDGE_CALLBACK_ENV] == EDGE_CALLBACK
+    middlewares = validate_http_proxy_callback_return(import_attr(EDGE_CALLBACK.replace(":", "."))())
+    assert [m.cls for m in middlewares] == [EdgeGuard]
