@@ -182,6 +182,13 @@ class FrontendSpec(StrictModel):
         "limits then hold per serving replica, and replicas/num_cpus size nothing. Works in both Serve "
         "modes; the hop it saves is the one left once HAProxy (high-throughput mode) replaced the Python proxy.",
     )
+    client_trace: bool = Field(
+        default=False,
+        description="Answer `x-rld-trace: 1` with the request's per-hop timings in the stream (an SSE comment). "
+        "Off: the header is ignored; the same record is still logged (RLD_TRACE lines) for operators. On lets "
+        "every caller see engine timings and the prefill path (with several tenants: a prefix-cache timing "
+        "channel); for benchmarks and single-tenant endpoints.",
+    )
 
 
 class TimeoutSpec(StrictModel):
@@ -194,6 +201,13 @@ class TimeoutSpec(StrictModel):
     )
     between_tokens_s: float = Field(
         default=60, gt=0, description="Longest silence between two chunks of a streamed response."
+    )
+    non_stream_per_token_s: float = Field(
+        default=0.25,
+        gt=0,
+        description="A non-streamed response arrives in one piece when generation ends, so its deadline is "
+        "first_token_s plus this much per token of its output cap (max_tokens, else the context length): "
+        "a healthy long generation is never cut as if the engine were dead.",
     )
 
 
@@ -210,6 +224,12 @@ class AuthSpec(StrictModel):
     )
     api_keys_env: Optional[str] = Field(
         default=None, description="Name of an env var holding API keys, separated by commas or newlines."
+    )
+    cache_salt_per_key: Optional[bool] = Field(
+        default=None,
+        description="Give each API key its own prefix cache namespace (vLLM `cache_salt`, derived from the key and "
+        "combined with the client's own): one tenant cannot tell from timings whether another's prompt is cached. "
+        "Unset: on when more than one key is configured. Costs cache hits shared across keys.",
     )
     cors_allow_origins: list[str] = Field(
         default_factory=list,
@@ -232,11 +252,43 @@ class LimitsSpec(StrictModel):
     )
     max_messages: int = Field(default=2048, ge=1, description="Most chat `messages` in one request.")
     max_prompts: int = Field(default=64, ge=1, description="Most prompts in one batched completions request.")
+    max_top_level_keys: int = Field(
+        default=128,
+        ge=32,
+        le=4096,
+        description="Most top-level fields in a request body (OpenAI's and vLLM's request models have fewer); "
+        "more: 400 before anything else is validated.",
+    )
+    max_stop: int = Field(
+        default=16, ge=0, description="Most `stop` strings (each is checked on every generated token)."
+    )
+    max_stop_chars: int = Field(default=256, ge=1, description="Longest single `stop` string, in characters.")
+    max_logit_bias: int = Field(default=300, ge=0, description="Most `logit_bias` entries (OpenAI's limit).")
+    max_bad_words: int = Field(
+        default=64,
+        ge=0,
+        description="Most `bad_words` (vLLM checks every one on every decode step, for the whole batch).",
+    )
+    max_tools: int = Field(default=128, ge=0, description="Most `tools` in one request (OpenAI's limit).")
+    max_schema_bytes: int = Field(
+        default=32 * 1024,
+        ge=256,
+        description="Largest JSON schema, as compact JSON: `response_format`, `structured_outputs`, and each "
+        "tool's `function.parameters` (each is compiled into a grammar).",
+    )
+    max_prompt_logprobs: int = Field(
+        default=0,
+        ge=0,
+        description="Largest `prompt_logprobs` (and, with `echo`, `logprobs`/`top_logprobs`): the engine "
+        "computes a vocabulary-wide logit row per prompt token outside its memory budget (vLLM #38830). "
+        "0: prompt logprobs are refused (400).",
+    )
 
 
 class AdmissionSpec(StrictModel):
-    """A bounded queue per frontend replica: up to `max_in_flight` requests run, up to `max_queued` wait
-    (at most `max_queue_wait_s`); anything beyond gets 429 with Retry-After instead of an unbounded wait.
+    """A bounded queue per frontend replica: up to `max_in_flight` sequences run (a request weighs its prompts x
+    n; one heavier than that takes all of them), up to `max_queued` requests wait (at most `max_queue_wait_s`);
+    anything beyond gets 429 with Retry-After instead of an unbounded wait.
 
     Unset limits take the rest of frontend.max_ongoing_requests (what Serve lets reach one frontend replica;
     less overflow.max_in_flight when overflow is on); with neither set, it is split in half."""
@@ -271,6 +323,21 @@ class FailoverSpec(StrictModel):
     retry_after_s: int = Field(default=10, ge=1, description="Retry-After of a 503 for an unavailable role.")
 
 
+class ContainmentSpec(StrictModel):
+    """A request whose own execution killed an engine (vLLM's EngineDeadError while it ran) is never replayed on
+    other engines (no prefill retry, no local fallback, no decode retry); it is fingerprinted, and once the
+    same request has killed `strikes` engines within `quarantine_s` it is refused (400) until that window
+    ends. One strike is not enough by default: an engine that dies takes every request it was running with
+    it, and only the poison one comes back to kill another."""
+
+    enabled: bool = Field(default=True, description="Off: no fingerprints and no refusals (still no replay).")
+    strikes: int = Field(default=2, ge=1, description="Engine deaths by the same request before it is refused.")
+    quarantine_s: float = Field(
+        default=900, gt=0, description="How long a fingerprint's strikes count and a refused request stays refused."
+    )
+    max_fingerprints: int = Field(default=10000, ge=16, description="Fingerprints kept per frontend replica (oldest dropped).")
+
+
 class OverflowSpec(StrictModel):
     """Forward requests to an external OpenAI-compatible endpoint when this cluster is saturated or a role
     is unavailable (hybrid routing). Off by default; the key comes from a file or env var, never inline."""
@@ -291,6 +358,18 @@ class OverflowSpec(StrictModel):
     on_role_unavailable: bool = Field(default=True, description="Overflow instead of 503 when a role is down.")
     max_in_flight: int = Field(default=64, ge=1, description="Most concurrent overflowed requests per frontend replica.")
     connect_timeout_s: float = Field(default=5, gt=0)
+    max_tokens: int = Field(
+        default=4096,
+        ge=1,
+        description="`max_tokens` sent to the external endpoint when neither the client nor limits.max_tokens "
+        "sets one (the external endpoint is paid per token: a request always carries a cap).",
+    )
+    timeout_s: float = Field(
+        default=600, gt=0, description="Longest an overflowed request may take in all (streams included)."
+    )
+    max_response_bytes: int = Field(
+        default=16 * 1024**2, ge=1024, description="Largest response taken from the external endpoint."
+    )
 
     @model_validator(mode="after")
     def _complete_when_enabled(self) -> "OverflowSpec":
@@ -300,6 +379,28 @@ class OverflowSpec(StrictModel):
             if self.api_key_file and self.api_key_env:
                 raise ValueError("overflow: set api_key_file or api_key_env, not both")
         return self
+
+    @model_validator(mode="after")
+    def _https_unless_loopback(self) -> "OverflowSpec":
+        if self.base_url and self.base_url.startswith("http://") and not is_loopback_url(self.base_url):
+            raise ValueError(
+                f"overflow.base_url ({self.base_url}): use https://; the endpoint's key would travel in clear "
+                "text (http:// is accepted only for localhost/127.0.0.1/::1)"
+            )
+        return self
+
+
+def is_loopback_url(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 class StreamingSpec(StrictModel):
     """How the serving replica batches streamed chunks into Serve messages (serve_app/telemetry/hops.py)."""
@@ -349,6 +450,7 @@ class AppConfig(StrictModel):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
     failover: FailoverSpec = Field(default_factory=FailoverSpec)
+    containment: ContainmentSpec = Field(default_factory=ContainmentSpec)
     overflow: OverflowSpec = Field(default_factory=OverflowSpec)
 
     @model_validator(mode="after")

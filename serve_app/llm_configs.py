@@ -68,8 +68,15 @@ def deployment_config(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, An
     return config
 
 
+# Serve's own HTTP server in a replica that serves HTTP (the frontend, or a serving replica with direct streaming,
+# behind HAProxy) decodes x-request-id and answers /-/routes before any app code: Serve wraps it in the
+# middlewares this callback returns (serve_app.frontend.app.EdgeGuard: 400 for a malformed id, /-/routes closed).
+EDGE_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+EDGE_CALLBACK = "serve_app.frontend.app:proxy_middlewares"
+
+
 def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
-    env = {**app.engine_env, **spec.engine_env}
+    env = {EDGE_CALLBACK_ENV: EDGE_CALLBACK, **app.engine_env, **spec.engine_env}
     if spec.side_channel_port is not None and _moves_kv(app) and app.kv_transfer.connector == "NixlPushConnector":
         # Ray 2.58 assigns no side-channel port for the push connector: one fixed port per engine.
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
@@ -117,7 +124,10 @@ def role_llm_config(app: AppConfig, role: str) -> dict[str, Any]:
 
 
 def frontend_deployment_config(app: AppConfig) -> dict[str, Any]:
-    actor_options: dict[str, Any] = {"num_cpus": app.frontend.num_cpus}
+    actor_options: dict[str, Any] = {
+        "num_cpus": app.frontend.num_cpus,
+        "runtime_env": {"env_vars": {EDGE_CALLBACK_ENV: EDGE_CALLBACK}},
+    }
     if app.placement.frontend_label:
         actor_options["label_selector"] = dict(app.placement.frontend_label)
     return {

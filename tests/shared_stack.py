@@ -28,6 +28,8 @@ def new_stack() -> LocalStack:
         apps={"disagg": ("/", "disaggregated"), "agg": ("/agg", "aggregated")},
         ports=TESTS_SERVE_APP,
         api_keys=(API_KEY,),
+        # tests/serve_app reads each request's per-hop record from the stream (x-rld-trace is off by default)
+        overrides={"disagg": {"frontend.client_trace": True}, "agg": {"frontend.client_trace": True}},
     )
 
 

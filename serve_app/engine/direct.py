@@ -13,7 +13,10 @@ only the served endpoints) and orchestrates no prefill (Ray's P/D variant re-poi
 So in `frontend.direct_streaming` mode the serving replica's ASGI app is ours: the same FastAPI app
 (`ingress.make_app`) and the same `BoundedOpenAiIngress` as the separate frontend, constructed in the
 replica with a `LocalServerHandle` — the replica's own chat()/completions() in its event loop instead of a
-DeploymentHandle to another process. Every guard runs unchanged, in the same order; only the hop is gone.
+DeploymentHandle to another process — and `upstream=THIS_REPLICA`, which says what differs, explicitly:
+no second attempt when the engine is gone (there is no other replica behind this handle; Serve restarts
+this one and HAProxy sends the client's retry elsewhere), no session routing, decode not watched (it is
+this replica). Every guard runs unchanged, in the same order; only the hop is gone.
 What changes: admission and overflow limits hold per serving replica (there is no frontend replica), and
 `frontend.replicas`/`num_cpus` size nothing and `frontend.max_ongoing_requests` is the room admission divides
 per serving replica (HAProxy sends straight to a replica's HTTP port, past Serve's request router and its
@@ -124,7 +127,7 @@ class DirectIngressMixin:
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         from serve_app.frontend.app import ENDPOINTS, make_app
-        from serve_app.frontend.ingress import BoundedOpenAiIngress
+        from serve_app.frontend.ingress import THIS_REPLICA, BoundedOpenAiIngress
 
         llm_config = self._llm_config  # type: ignore[attr-defined]
         model_id = llm_config.model_id
@@ -136,6 +139,7 @@ class DirectIngressMixin:
             {model_id: to_model_metadata(model_id, llm_config)},
             lora_paths={},
             app_config=self._app_config,
+            upstream=THIS_REPLICA,
             role_deployments=roles,
         )
         app = make_app(self._app_config)

@@ -13,6 +13,13 @@ do better; this module runs the same hand-off (the connector backend's `prepare_
      At most `max_local_fallbacks` at once per decode replica; beyond that, or with
      `local_fallback: false`, the request ends with 503 naming the prefill role.
 
+A prefill engine that died *while running this request* (vLLM's EngineDeadError) ends the ladder at once:
+no retry on another replica, no local fallback (the request may be what killed it: containment, see
+serve_app/frontend/containment.py); decode answers an ErrorResponse of type `request_killed_engine`, which
+the frontend turns into 503 `engine_failed_on_request` and a strike on the request's fingerprint. A prefill
+replica whose engine was already dead (EngineDeadBeforeDispatch), or that Ray reports dead or unreachable,
+is not the request's doing: the ladder goes on.
+
 A prefill role that Serve reports without running replicas (RoleWatch) goes straight to step 3.
 A prefill that answers 4xx (bad request, prompt too long) is the client's error and is passed through.
 KV that cannot be loaded after a successful prefill is recomputed by vLLM itself
@@ -41,6 +48,8 @@ from ray.serve._private.http_util import session_id_from_headers
 from ray.serve.handle import DeploymentHandle
 
 from serve_app.config import FailoverSpec
+from serve_app.frontend.containment import engine_died_running
+from serve_app.frontend.errors import ENGINE_DEAD_MARK, KILLED_ENGINE_TYPE
 from serve_app.telemetry.logs import get_logger
 from serve_app.roles import RoleWatch
 
@@ -50,10 +59,11 @@ logger = get_logger(__name__)
 class PrefillFailure(Exception):
     """One remote prefill attempt failed; `reason` is a short metric label, str() the operator's detail."""
 
-    def __init__(self, reason: str, detail: str, replica: Optional[str] = None) -> None:
+    def __init__(self, reason: str, detail: str, replica: Optional[str] = None, *, contained: bool = False) -> None:
         super().__init__(detail)
         self.reason = reason
         self.replica = replica
+        self.contained = contained  # the engine died running this request: no retry, no fallback
 
 
 class _Counters:
@@ -114,6 +124,17 @@ class PrefillFailover:
                     yield chunk
             return
 
+        if failures and failures[-1].contained:
+            self._record(request_id, failures, "contained")
+            on_path("remote")
+            yield ErrorResponse(
+                error=ErrorInfo(
+                    message="The prefill engine failed while running this request; it was not retried.",
+                    type=KILLED_ENGINE_TYPE,
+                    code=503,
+                )
+            )
+            return
         if not self.spec.local_fallback or self._local_fallbacks >= self.spec.max_local_fallbacks:
             self._record(request_id, failures, "error")
             on_path("remote")
@@ -145,8 +166,9 @@ class PrefillFailover:
             "retry": "served by another prefill replica",
             "fallback": "prefilled locally on decode (path=fallback)",
             "error": "answered 503",
+            "contained": "answered 503 without a retry or fallback (the engine died running it)",
         }[served_by]
-        log = logger.error if served_by == "error" else logger.warning
+        log = logger.error if served_by in ("error", "contained") else logger.warning
         log("prefill failover request_id=%s: %s -> %s", request_id, what, served)
 
     async def _remote_prefill(
@@ -173,6 +195,8 @@ class PrefillFailover:
                 failures.append(failure)
                 if failure.replica:
                     self._suspects[failure.replica] = self._clock() + self.spec.suspect_s
+                if failure.contained:
+                    break  # the request may be what killed that engine: never replay it
                 if failure.reason in ("routing_timeout", "no_healthy_replica", "unavailable"):
                     break  # no replica to route to: another attempt would only wait again
         return None, failures
@@ -231,6 +255,11 @@ class PrefillFailover:
             response.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - actor died/unavailable, engine dead, any RayTaskError
+            if engine_died_running(exc):
+                raise PrefillFailure(
+                    "killed_engine", f"prefill replica {replica}'s engine died running it: {_short(exc)}", replica,
+                    contained=True,
+                ) from exc
             raise PrefillFailure("replica_failed", f"prefill replica {replica} failed: {_short(exc)}", replica) from exc
         try:
             # One token was asked for: the stream ends right away. Drain it so Serve's accounting closes.
@@ -241,6 +270,10 @@ class PrefillFailover:
             code = int(chunk.error.code or 500)
             if code < 500:
                 return chunk
+            if chunk.error.type == KILLED_ENGINE_TYPE or ENGINE_DEAD_MARK in (chunk.error.message or ""):
+                raise PrefillFailure(
+                    "killed_engine", f"prefill replica {replica}'s engine died running it", replica, contained=True
+                )
             raise PrefillFailure("error", f"prefill replica {replica} answered {code}: {chunk.error.message}", replica)
         if not getattr(chunk, "kv_transfer_params", None):
             raise PrefillFailure("error", f"prefill replica {replica} returned no kv_transfer_params", replica)

@@ -39,11 +39,21 @@ from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY
 from serve_app.config import FailoverSpec
 from serve_app.engine.direct import DirectIngressMixin
 from serve_app.engine.failover import PrefillFailover
+from serve_app.frontend.containment import EngineDeadBeforeDispatch
 from serve_app.telemetry.metrics import Path, RequestMetrics
 
 logger = get_logger(__name__)
 
 Request = Union[ChatCompletionRequest, CompletionRequest]
+
+
+def refuse_if_engine_dead(server: Any) -> None:
+    """Before a request touches the engine: an engine that is already dead raises EngineDeadBeforeDispatch,
+    so the frontend and the prefill failover know the request did not kill it (it may go elsewhere), unlike
+    vLLM's EngineDeadError while it runs (containment: serve_app/frontend/containment.py)."""
+    client = getattr(getattr(server, "engine", None), "_engine_client", None)
+    if client is not None and getattr(client, "errored", False) is True:
+        raise EngineDeadBeforeDispatch("this replica's vLLM engine was already dead; Serve is restarting it")
 
 
 class _MeteredMixin:
@@ -86,6 +96,7 @@ class _OnePathMetered(_MeteredMixin):
         return await self._serve_metered(request, raw_request_info, super().completions)
 
     async def _serve_metered(self, request: Request, raw: Optional[RawRequestInfo], run: Callable):
+        refuse_if_engine_dead(self)
         clock = HopClock(path=self.PATH, mode=self.MODE)
         clock.stamp("replica_received")
         self._metrics.accepted(self.PATH)
@@ -198,6 +209,7 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         return await self._serve(request, raw_request_info, LLMServer.completions)
 
     async def _serve(self, request: Request, raw: Optional[RawRequestInfo], run_local: Callable):
+        refuse_if_engine_dead(self)
         clock = HopClock(mode="disaggregated")
         clock.stamp("replica_received")
         # Whatever a client put in kv_transfer_params is not ours to honour: the decode engine would

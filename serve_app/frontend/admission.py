@@ -6,6 +6,11 @@ minutes and time out anyway. Here at most `max_in_flight` requests run per ingre
 `max_queued` wait for a slot (FIFO, at most `max_queue_wait_s`), and the rest are answered at once
 with 429 and Retry-After, which clients and load balancers understand.
 
+Slots count engine sequences, not requests: a request holds `weight` slots, its prompts x n (one batched
+completions request may carry 64 prompts x n=8 = 512 sequences), at most `max_in_flight` (so a heavy request
+still runs alone rather than never). Waiters are served strictly in order: a heavy one at the head waits
+until enough slots are free, and lighter ones behind it do not overtake it (no starvation).
+
 A slot is held until the response is fully sent (streams included) or the client goes away;
 `ReleasingResponse` ties the release to the ASGI response, so no path can leak a slot.
 The overflow decision ("is the cluster saturated?") reads `queued` from here.
@@ -37,7 +42,9 @@ class _Gauges:
     def _make(self) -> None:
         from ray.util.metrics import Counter, Gauge
 
-        self.in_flight = Gauge("rld_admission_in_flight", description="Requests running on this ingress replica.")
+        self.in_flight = Gauge(
+            "rld_admission_in_flight", description="Sequences (prompts x n) running on this ingress replica."
+        )
         self.queued = Gauge("rld_admission_queued", description="Requests waiting for an admission slot.")
         self.rejected = Counter(
             "rld_admission_rejections",
@@ -59,7 +66,7 @@ class _Gauges:
 
 
 class Admission:
-    """Slots and a FIFO queue of one ingress replica (one event loop: no locks needed)."""
+    """Slots and a FIFO queue of one ingress replica (one event loop: no locks needed). Slots are sequences."""
 
     def __init__(
         self,
@@ -75,7 +82,7 @@ class Admission:
         self.max_queue_wait_s = max_queue_wait_s
         self.retry_after_s = retry_after_s
         self.in_flight = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
         self._gauges = _Gauges()
         self._clock = clock
 
@@ -83,36 +90,42 @@ class Admission:
     def queued(self) -> int:
         return len(self._waiters)
 
-    def has_free_slot(self) -> bool:
-        return self.in_flight < self.max_in_flight and not self._waiters
+    def weigh(self, weight: int) -> int:
+        """The slots a request of `weight` sequences holds: at least 1, at most all of them."""
+        return max(1, min(int(weight), self.max_in_flight))
 
-    def would_queue(self) -> bool:
-        """True when a request arriving now would have to wait (the cluster path is saturated)."""
-        return not self.has_free_slot()
+    def has_free_slot(self, weight: int = 1) -> bool:
+        return self.in_flight + self.weigh(weight) <= self.max_in_flight and not self._waiters
 
-    async def acquire(self) -> Callable[[], None]:
-        """Wait for a slot; returns its (idempotent) release. Raises Overloaded (429) when the queue is
-        full or the wait exceeds max_queue_wait_s."""
-        if self.has_free_slot():
-            self.in_flight += 1
+    def would_queue(self, weight: int = 1) -> bool:
+        """True when a request of `weight` sequences arriving now would have to wait (saturated)."""
+        return not self.has_free_slot(weight)
+
+    async def acquire(self, weight: int = 1) -> Callable[[], None]:
+        """Wait for `weight` slots (a request's sequences); returns their (idempotent) release. Raises
+        Overloaded (429) when the queue is full or the wait exceeds max_queue_wait_s."""
+        weight = self.weigh(weight)
+        if self.has_free_slot(weight):
+            self.in_flight += weight
             self._publish()
-            return self._releaser()
+            return self._releaser(weight)
         if len(self._waiters) >= self.max_queued:
             self._gauges.reject("queue_full")
             raise Overloaded(
-                f"This endpoint is at capacity ({self.in_flight} requests running, {len(self._waiters)} queued). "
-                f"Retry after {self.retry_after_s} s.",
+                f"This endpoint is at capacity ({self.in_flight} sequences running, {len(self._waiters)} requests "
+                f"queued). Retry after {self.retry_after_s} s.",
                 retry_after_s=self.retry_after_s,
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        entry = (waiter, weight)
+        self._waiters.append(entry)
         self._publish()
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout=self.max_queue_wait_s)
         except asyncio.TimeoutError:
             if waiter.done() and not waiter.cancelled():
-                return self._releaser()  # granted at the last moment
-            self._remove(waiter)
+                return self._releaser(weight)  # granted at the last moment
+            self._remove(entry)
             self._gauges.reject("queue_timeout")
             raise Overloaded(
                 f"This endpoint is at capacity: the request waited {self.max_queue_wait_s:.0f} s for a slot. "
@@ -121,41 +134,48 @@ class Admission:
             ) from None
         except BaseException:
             if waiter.done() and not waiter.cancelled():
-                self._release()  # granted, but the caller went away
+                self._release(weight)  # granted, but the caller went away
             else:
-                self._remove(waiter)
+                self._remove(entry)
             raise
-        return self._releaser()
+        return self._releaser(weight)
 
-    def _remove(self, waiter: asyncio.Future[None]) -> None:
+    def _remove(self, entry: tuple[asyncio.Future[None], int]) -> None:
         try:
-            self._waiters.remove(waiter)
+            self._waiters.remove(entry)
         except ValueError:
             pass
-        if not waiter.done():
-            waiter.cancel()
-        self._publish()
+        if not entry[0].done():
+            entry[0].cancel()
+        self._grant()  # the head may have changed: a lighter waiter behind a removed heavy one may fit now
 
-    def _releaser(self) -> Callable[[], None]:
+    def _releaser(self, weight: int) -> Callable[[], None]:
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                self._release()
+                self._release(weight)
 
         return release
 
-    def _release(self) -> None:
-        # Hand the slot straight to the oldest waiter, if any; else free it.
+    def _release(self, weight: int) -> None:
+        self.in_flight -= weight
+        self._grant()
+
+    def _grant(self) -> None:
+        """Hand free slots to waiters in order, as long as the one at the head fits."""
         while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                self._publish()
-                return
-        self.in_flight -= 1
+            waiter, weight = self._waiters[0]
+            if waiter.done():
+                self._waiters.popleft()
+                continue
+            if self.in_flight + weight > self.max_in_flight:
+                break
+            self._waiters.popleft()
+            self.in_flight += weight
+            waiter.set_result(None)
         self._publish()
 
     def _publish(self) -> None:

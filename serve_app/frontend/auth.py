@@ -10,13 +10,19 @@ every request, before the body is read, as a pure ASGI middleware.
 - A file that cannot be read fails closed: no key is valid until it can (logged once per change).
 - Comparison is constant time in the key: every configured key is compared with hmac.compare_digest,
   without stopping at the first match.
-- Open paths (readiness) skip the check. Serve's own /-/healthz and /-/routes never reach the ingress.
+- Open paths (readiness) skip the check; a valid key there still marks the caller as a client (the scope
+  state's CLIENT_KEY_STATE_KEY), which /health uses to decide how much it says. Serve's own /-/healthz
+  and /-/routes never reach the ingress (app.EdgeGuard closes /-/routes where it can).
+- Per-key prefix cache (`auth.cache_salt_per_key`; unset: on with more than one key): each valid key
+  gets a salt derived from it (SHA-256, never the key itself) in the scope state; the ingress combines it
+  with the client's own `cache_salt`, so tenants never share prefix-cache entries (no timing channel).
 - Rejections: 401 with an OpenAI-style body and `WWW-Authenticate: Bearer`, counted in
   ray_rld_auth_rejections_total{reason="missing"|"invalid"}.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import threading
@@ -32,6 +38,9 @@ from serve_app.telemetry.logs import get_logger
 logger = get_logger(__name__)
 
 FILE_RECHECK_S = 1.0
+# Set in the ASGI scope's state for a caller with a valid key: that it has one, and its cache salt.
+CLIENT_KEY_STATE_KEY = "rld_client_key"
+CACHE_SALT_STATE_KEY = "rld_cache_salt"
 OPEN_PATHS = frozenset({"/health"})
 
 
@@ -116,6 +125,16 @@ class ApiKeys:
             match |= hmac.compare_digest(candidate, key.encode("utf-8"))
         return match
 
+    def salts_per_key(self) -> bool:
+        """Whether each key gets its own prefix-cache salt (auth.cache_salt_per_key; unset: several keys)."""
+        setting = self._spec.cache_salt_per_key
+        return len(self.keys()) > 1 if setting is None else setting
+
+
+def cache_salt(key: str) -> str:
+    """A key's prefix-cache namespace: derived one way from the key, so the salt reveals nothing about it."""
+    return hashlib.sha256(b"rld-cache-salt\0" + key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
 
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> Optional[str]:
     """The token of an `Authorization: Bearer <token>` header, or None."""
@@ -156,11 +175,17 @@ class ApiKeyAuth:
         self.rejections = _RejectionCounter()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") == "OPTIONS" or _app_path(scope) in self.open_paths:
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
             await self.app(scope, receive, send)
             return
         token = bearer_token(scope.get("headers", []))
-        if token is not None and self.keys.valid(token):
+        valid = token is not None and self.keys.valid(token)
+        if valid:
+            state = scope.setdefault("state", {})
+            state[CLIENT_KEY_STATE_KEY] = True
+            if self.keys.salts_per_key():
+                state[CACHE_SALT_STATE_KEY] = cache_salt(token)
+        if valid or _app_path(scope) in self.open_paths:
             await self.app(scope, receive, send)
             return
         reason = "missing" if token is None else "invalid"

@@ -2,8 +2,16 @@
 
 `bounded_chunks` wraps the stream a serving replica returns: before the first chunk it raises an
 OpenAIError (503 when the engine is silent past the deadline, dead, or its role went away; the engine's
-own 4xx as it was), or `Retryable` when the replica died before sending anything; after the first
-chunk a failure ends the stream with an SSE error event (a started stream cannot change its status).
+own 4xx as it was), or `Retryable` when the replica was gone before it could run the request; after the
+first chunk a failure ends the stream with an SSE error event (a started stream cannot change its status).
+
+An engine that died *while running* the request (vLLM's EngineDeadError) is never Retryable: the request
+may be what killed it (serve_app/frontend/containment.py). It raises errors.KilledEngine (or, after the
+first chunk, ends the stream) and calls `on_killed`, which gives the request's fingerprint a strike.
+
+Deadlines: a streamed response must send its first chunk within `first_s` and then a chunk at least every
+`between_s`; a non-streamed one arrives as a single chunk when generation ends, so the caller passes a
+`first_s` scaled by its output cap (`non_stream_deadline_s`).
 """
 
 from __future__ import annotations
@@ -13,11 +21,18 @@ import json
 import time
 from typing import Any, AsyncIterator, Callable, Optional
 
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from serve_app.frontend.errors import RETRY_HINT, EngineUnavailable, OpenAIError
+from serve_app.frontend.containment import dead_before_dispatch, engine_died_running
+from serve_app.frontend.errors import (
+    RETRY_HINT,
+    EngineUnavailable,
+    KilledEngine,
+    OpenAIError,
+    client_text,
+)
 from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
@@ -28,7 +43,7 @@ ROLE_CHECK_STEP_S = 1.0  # while waiting for a first chunk, how often to look wh
 
 
 class Retryable(Exception):
-    """The decode replica died before sending anything: the request may be sent again."""
+    """The decode replica was gone before it ran the request: the request may be sent again."""
 
     def __init__(self, error: OpenAIError) -> None:
         super().__init__(error.message)
@@ -42,10 +57,12 @@ async def bounded_chunks(
     between_s: float,
     what: str,
     role_down: Optional[Callable[[], Optional[OpenAIError]]] = None,
+    on_killed: Optional[Callable[[], None]] = None,
 ) -> AsyncIterator[Any]:
     """Pass `chunks` through. Before the first chunk: raise an OpenAIError (503 when the engine is silent
-    past `first_s`, dead, or its role went away; the engine's own 4xx as it was), or `_Retryable` when
-    the replica died. After it: end the stream with an error event when anything goes wrong."""
+    past `first_s`, dead, or its role went away; the engine's own 4xx as it was), or `Retryable` when
+    the replica was gone before running it. After it: end the stream with an error event when anything
+    goes wrong. An engine that died running the request calls `on_killed` and is never Retryable."""
     iterator = chunks.__aiter__()
     started = False
     try:
@@ -59,18 +76,25 @@ async def bounded_chunks(
                 raise  # the role went away while we waited (RoleUnavailable)
             except Exception as exc:  # noqa: BLE001 - every engine-side failure is mapped below
                 failure = _engine_failure(exc, what, limit, started)
+                if isinstance(failure, KilledEngine) and on_killed is not None:
+                    on_killed()
                 if started:
                     logger.error("%s (after the first chunk: the stream ends with an error event)", failure.message)
                     yield failure.as_error_response()
                     return
                 logger.error("%s", failure.message)
-                if isinstance(exc, ENGINE_UNAVAILABLE) or _engine_died(exc):
+                if isinstance(exc, ENGINE_UNAVAILABLE) or dead_before_dispatch(exc):
                     raise Retryable(failure) from exc
                 raise failure from exc
-            if not started:
-                error = _first_chunk_error(chunk)
-                if error is not None:
-                    raise OpenAIError.from_engine(error, what)
+            error = _error_chunk(chunk)  # a prefix test per item; parsed only when it is an error event
+            if error is not None:
+                failure = OpenAIError.from_engine(error, what)
+                if isinstance(failure, KilledEngine) and on_killed is not None:
+                    on_killed()
+                if not started:
+                    raise failure
+                if isinstance(failure, KilledEngine):
+                    logger.error("%s (mid-stream)", failure.message)
             started = True
             yield chunk
     finally:
@@ -98,26 +122,30 @@ async def _next_chunk(iterator: Any, limit: float, role_down: Optional[Callable[
     finally:
         if not task.done():
             task.cancel()
+            # Let the cancellation land before anyone closes the stream: closing an async generator whose
+            # __anext__ is still running raises RuntimeError (a 500 instead of the 503 above).
+            await asyncio.wait({task})
 
 
-def _first_chunk_error(chunk: Any) -> Optional[ErrorResponse]:
-    """An error as the first chunk: an ErrorResponse, or vLLM's in-band SSE error string
-    (`data: {"error": ...}`) that a stream carries when the engine fails right away."""
-    first = chunk[0] if isinstance(chunk, list) and chunk else chunk
-    if isinstance(first, ErrorResponse):
-        return first
-    if isinstance(first, str) and first.startswith('data: {"error"'):
-        try:
-            return ErrorResponse.model_validate(json.loads(first[len("data: "):].split("\n\n", 1)[0]))
-        except ValueError:
-            return None
+def _error_chunk(chunk: Any) -> Optional[ErrorResponse]:
+    """An error in a chunk: an ErrorResponse, or vLLM's in-band SSE error string (`data: {"error": ...}`)
+    that a stream carries when the engine fails (right away, or mid-stream when it died)."""
+    items = chunk if isinstance(chunk, list) else [chunk]
+    for item in items:
+        if isinstance(item, ErrorResponse):
+            return item
+        if isinstance(item, str) and item.startswith('data: {"error"'):
+            try:
+                return ErrorResponse.model_validate(json.loads(item[len("data: "):].split("\n\n", 1)[0]))
+            except ValueError:
+                return None
     return None
 
 
-def _engine_died(exc: BaseException) -> bool:
-    """A replica call failed because its vLLM engine process is gone (vLLM's EngineDeadError)."""
-    cause = getattr(exc, "cause", None)
-    return type(cause).__name__ == "EngineDeadError" or (isinstance(exc, RayTaskError) and "EngineDeadError" in str(exc))
+def non_stream_deadline_s(first_token_s: float, per_token_s: float, max_tokens: Optional[int]) -> float:
+    """The deadline of a non-streamed response (one chunk when generation ends): the first-token deadline
+    plus `per_token_s` per token it may generate."""
+    return first_token_s + per_token_s * (max_tokens or 0)
 
 
 def _engine_failure(exc: BaseException, what: str, limit: float, started: bool) -> OpenAIError:
@@ -131,14 +159,14 @@ def _engine_failure(exc: BaseException, what: str, limit: float, started: bool) 
         )
     if isinstance(exc, BackPressureError):
         return EngineUnavailable(f"{what}: the engine replicas are at capacity. Retry later.")
-    if _engine_died(exc):
-        return EngineUnavailable(f"{what}: the vLLM engine process died. {RETRY_HINT}")
+    if dead_before_dispatch(exc):
+        return EngineUnavailable(f"{what}: the engine replica is restarting. {RETRY_HINT}")
+    if engine_died_running(exc):
+        return KilledEngine(what)
     if isinstance(exc, ENGINE_UNAVAILABLE):
-        return EngineUnavailable(f"{what}: the engine replica is unavailable ({type(exc).__name__}). {RETRY_HINT}")
+        return EngineUnavailable(f"{what}: the engine replica is unavailable. {RETRY_HINT}")
     cause = getattr(exc, "cause", None)
     if isinstance(cause, ValueError) and not started:
         # vLLM's validation errors raised instead of returned: the request is the problem.
-        first_line = (str(cause).strip().splitlines() or ["invalid request"])[0][:300]
-        return OpenAIError(400, f"{what}: {first_line}")
-    kind = type(cause).__name__ if isinstance(cause, BaseException) else type(exc).__name__
-    return EngineUnavailable(f"{what}: the engine failed ({kind}). {RETRY_HINT}")
+        return OpenAIError(400, f"{what}: {client_text(cause) or 'the engine rejected the request'}")
+    return EngineUnavailable(f"{what}: the engine failed. {RETRY_HINT}")

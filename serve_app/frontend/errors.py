@@ -9,6 +9,7 @@ a remote traceback tells a client nothing and an attacker too much.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Optional
 
 from fastapi import status
@@ -20,6 +21,28 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 
 REQUEST_ID_HEADER = "x-request-id"
+# vLLM's EngineDeadError message, also what its serving layer puts in an in-band error when the engine died.
+ENGINE_DEAD_MARK = "EngineCore encountered an issue"
+# The ErrorResponse type a decode replica answers with when a prefill engine died running the request.
+KILLED_ENGINE_TYPE = "request_killed_engine"
+MAX_CLIENT_TEXT = 300
+# What must never reach a client from another process's error: tracebacks, source paths, addresses, pids,
+# Ray task/actor names.
+_INTERNAL = re.compile(
+    r"Traceback|File \"|\bpid[=:]|\bip[=:]|\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\]|ray::|actor_id|node_id|"
+    r"/(?:usr|home|tmp|opt|root|site-packages)/|0x[0-9a-f]{6,}",
+    re.IGNORECASE,
+)
+
+
+def client_text(text: Any) -> Optional[str]:
+    """An engine's or validator's message as a client may read it: the first line, at most MAX_CLIENT_TEXT
+    characters, or None when it carries anything internal (then say something generic instead)."""
+    value = str(text).strip()
+    first = value.splitlines()[0].strip() if value else ""
+    if not first or _INTERNAL.search(first):
+        return None
+    return first[:MAX_CLIENT_TEXT]
 RETRY_HINT = (
     "Serve restarts failed engine replicas; retry in a minute. Operators: check `serve status` and the "
     "replica logs (serve/replica_*.log, worker-*.err)."
@@ -66,13 +89,17 @@ class OpenAIError(OpenAIHTTPException):
             status_code = int(info.code or 500)
         except (TypeError, ValueError):
             status_code = 500
+        if info.type == KILLED_ENGINE_TYPE or ENGINE_DEAD_MARK in (info.message or ""):
+            return KilledEngine(what)
         if status_code >= 500 or status_code < 400:
-            return EngineUnavailable(f"{what}: the engine failed ({info.type}: {info.message}). {RETRY_HINT}")
-        code = "context_length_exceeded" if "maximum context length" in info.message else None
+            # The engine's own text stays in the replica's log: it may hold a remote traceback.
+            return EngineUnavailable(f"{what}: the engine failed. {RETRY_HINT}")
+        message = client_text(info.message) or "The engine rejected the request."
+        code = "context_length_exceeded" if "maximum context length" in message else None
         param = info.param
         if code:  # vLLM names its internal "input_tokens"; the client's field is the prompt
             param = "messages" if "chat" in what else "prompt"
-        return cls(status_code, info.message, param=param, code=code)
+        return cls(status_code, message, param=param, code=code)
 
 
 class EngineUnavailable(OpenAIError):
@@ -82,18 +109,33 @@ class EngineUnavailable(OpenAIError):
         )
 
 
+class KilledEngine(EngineUnavailable):
+    """An engine died while it ran this request: it is not sent to another engine (containment), and the
+    frontend counts it against the request's fingerprint."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}: the engine serving this request failed while running it. The request was not retried on "
+            "other engines; a request that keeps failing engines is refused for a while. Operators: see the "
+            "RLDRequestKilledEngine runbook."
+        )
+        self.code = "engine_failed_on_request"
+
+
 class RoleUnavailable(OpenAIError):
-    """A serving role (prefill or decode) has no running replica: fail fast instead of queueing."""
+    """A serving role (prefill or decode) has no running replica: fail fast instead of queueing. Serve's own
+    message about the role (it may quote a replica's traceback) is kept as `detail` for the log only."""
 
     def __init__(self, role: str, detail: str, *, retry_after_s: int) -> None:
         super().__init__(
             status.HTTP_503_SERVICE_UNAVAILABLE,
-            f"The {role} role is unavailable: {detail} Retry after {retry_after_s} s. Operators: check "
+            f"The {role} role has no running replica. Retry after {retry_after_s} s. Operators: check "
             f"`serve status` (placement: `ray status`) and the {role} replica logs.",
             code=f"{role}_unavailable",
             retry_after_s=retry_after_s,
         )
         self.role = role
+        self.detail = detail
 
 
 def error_json(error: OpenAIError) -> JSONResponse:

@@ -5,7 +5,14 @@ JSON (`data.get(...)`, `prompt_logprobs > 0`, `for msg in messages`), so a body 
 `messages` that is a number, or a `logprobs` that is `{}` raises AttributeError/TypeError inside
 validation, which FastAPI does not turn into a 400: the client got a 500 with a Ray traceback. Here the
 body is read (bounded), decoded, shape-checked field by field, then validated by the same pydantic
-models Ray uses; anything that still raises is a 400 whose `param` is found by elimination.
+models Ray uses; anything that still raises is a 400 whose `param` is read from the error itself.
+
+Every step is linear in the body and runs once: the body is validated by pydantic exactly once (an
+earlier version re-validated it once per top-level field to find the culprit, which made a 45 KB body
+with 4000 junk keys block the event loop for 34 s). Before pydantic sees it, the body's top-level key
+count and the counts and sizes that cost the engines per token (`stop`, `bad_words`, `logit_bias`,
+`tools`, schemas, prompt logprobs) are checked against `limits.*`, so nothing expensive is even parsed
+into models.
 
 Also here:
 - `RequestGuard`, an ASGI middleware: 413 for bodies over `limits.max_body_bytes` (Content-Length or
@@ -14,7 +21,9 @@ Also here:
   after the client left) before any app code runs, so the guard watches for the client's disconnect
   itself and cancels the request, which aborts it on the engines. `x-request-timeout-seconds` can only
   shorten or remove the proxy's own timeout, which this app does not rely on (AppConfig.timeouts).
-- Limits on `n`/`best_of`, `max_tokens` (against the context length), number of messages/prompts.
+- Limits on `n`/`best_of`, `max_tokens` (against the context length; `null` means the cap), number of
+  messages/prompts, top-level keys, `stop`, `bad_words`, `logit_bias`, `tools`, schema sizes and prompt
+  logprobs (`LimitsSpec`).
   Prompt length in tokens is checked by the engine itself (400 `context_length_exceeded`).
 """
 
@@ -76,6 +85,9 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "tool_choice": ((str, dict), "a string or an object"),
     "stop": ((str, list), "a string or an array of strings"),
     "cache_salt": ((str,), "a string"),
+    "bad_words": ((list,), "an array of strings"),
+    "stop_token_ids": ((list,), "an array of token ids"),
+    "allowed_token_ids": ((list,), "an array of token ids"),
 }
 _KIND_FIELD_TYPES: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     "chat": {"logprobs": ((bool,), "a boolean")},
@@ -107,8 +119,37 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise invalid(
             None, f"The request body must be a JSON object, not {_json_type(data)}.", code="invalid_json"
         )
-    _check_strings(data)
     return data
+
+
+def check_text(data: dict[str, Any], raw: Optional[bytes]) -> None:
+    """Nesting at most MAX_JSON_DEPTH; no lone UTF-16 surrogate in any string (walked only when the raw body
+    has a surrogate escape at all)."""
+    _check_nesting(data)
+    if raw is None or _MAYBE_SURROGATE.search(raw):
+        _check_strings(data)  # only then can a string hold a lone surrogate: the full walk, with paths
+
+
+# A lone UTF-16 surrogate can only come from a JSON escape (raw UTF-8 cannot encode one).
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _check_nesting(data: Any) -> None:
+    """At most MAX_JSON_DEPTH levels of arrays/objects; visits containers only (strings and numbers are
+    skipped with one isinstance test each), so a list of 400k strings costs milliseconds."""
+    stack: list[tuple[Any, int, Optional[str]]] = [(data, 0, None)]
+    while stack:
+        value, depth, top = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise invalid(top, f"The request body nests deeper than {MAX_JSON_DEPTH} levels.")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, (dict, list)):
+                    stack.append((item, depth + 1, key if top is None else top))
+        else:
+            for item in value:
+                if isinstance(item, (dict, list)):
+                    stack.append((item, depth + 1, top))
 
 
 def _check_strings(data: Any) -> None:
@@ -147,9 +188,24 @@ def validate_request(
     limits: LimitsSpec,
     models: Iterable[str],
     max_model_len: Optional[int] = None,
+    raw: Optional[bytes] = None,
 ) -> Request:
-    """The typed request for `kind` ("chat" | "completions"), or an OpenAIError (400/404)."""
+    """The typed request for `kind` ("chat" | "completions"), or an OpenAIError (400/404).
+
+    Linear in the body: the key count first, then shapes and the per-token cost caps on the raw JSON (counts
+    before items: a 400k-entry `stop` is refused without looking at its entries), then nesting and text
+    (`raw`, the body as received, lets the surrogate walk be skipped when it cannot find anything), then one
+    pydantic validation."""
+    if len(data) > limits.max_top_level_keys:
+        raise invalid(
+            None,
+            f"The request body has {len(data)} top-level fields; this endpoint allows at most "
+            f"{limits.max_top_level_keys} (limits.max_top_level_keys).",
+            code="too_many_fields",
+        )
     _check_shapes(data, kind)
+    check_costs(data, kind, limits)  # after the shapes: it relies on their types
+    check_text(data, raw)
     model = data.get("model")
     served = list(models)
     if model is not None and model not in served:
@@ -231,26 +287,57 @@ def _is_prompt(prompt: Any) -> bool:
 
 
 def _pydantic(cls: type, data: dict[str, Any]) -> Request:
+    """One validation, whatever happens: the culprit is read from the error, never searched for."""
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        param, message = _describe_validation_error(exc, cls, data)
+        param, message = _describe_validation_error(exc, data)
         raise invalid(param, message) from None
     except Exception as exc:  # noqa: BLE001 - vLLM's validators raise anything on odd input
-        param = _culprit(cls, data)
+        text = _one_line(exc)
+        param = getattr(exc, "parameter", None) or param_in_message(text, data)
         what = f"'{param}'" if param else "the request"
-        logger.info("request validation raised %s: %s (param %s)", type(exc).__name__, exc, param)
-        raise invalid(param, f"Invalid value for {what}: {str(exc).rstrip('.')}.") from None
+        logger.info("request validation raised %s: %s (param %s)", type(exc).__name__, text, param)
+        raise invalid(param, f"Invalid value for {what}: {text.rstrip('.')}.") from None
 
 
-def _describe_validation_error(exc: ValidationError, cls: type, data: dict[str, Any]) -> tuple[Optional[str], str]:
+def _describe_validation_error(exc: ValidationError, data: dict[str, Any]) -> tuple[Optional[str], str]:
     errors = exc.errors(include_url=False)
     first = errors[0] if errors else {}
     cause = (first.get("ctx") or {}).get("error")
-    param = getattr(cause, "parameter", None) or _data_path(first.get("loc", ()), data) or _culprit(cls, data)
-    message = str(cause) if cause is not None else first.get("msg", "invalid value")
-    message = re.sub(r"^Value error, ", "", message).rstrip(".")
+    message = str(cause) if cause is not None else str(first.get("msg", "invalid value"))
+    message = _one_line(re.sub(r"^Value error, ", "", message)).rstrip(".")
+    param = (
+        getattr(cause, "parameter", None)
+        or _data_path(first.get("loc", ()), data)
+        or param_in_message(message, data)
+    )
     return param, f"Invalid value for '{param}': {message}." if param else f"Invalid request: {message}."
+
+
+MAX_ERROR_CHARS = 300
+_BACKTICKED = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _one_line(exc_or_text: Any) -> str:
+    """The first line of an error, at most MAX_ERROR_CHARS: what a client may read of a validator's message."""
+    text = str(exc_or_text).strip()
+    first = text.splitlines()[0] if text else "invalid value"
+    return first[:MAX_ERROR_CHARS]
+
+
+def param_in_message(message: str, data: dict[str, Any]) -> Optional[str]:
+    """The top-level field a validator's message names: the first `backticked` name that is a field of the
+    body, else the first bare word that is. Linear in the message (bounded) and one dict lookup per word;
+    never re-validates."""
+    text = message[: MAX_ERROR_CHARS * 4]
+    for pattern in (_BACKTICKED, _WORD):
+        for match in pattern.finditer(text):
+            name = match.group(1) if pattern is _BACKTICKED else match.group(0)
+            if name in data:
+                return name
+    return None
 
 
 def _data_path(loc: Iterable[Any], data: Any) -> Optional[str]:
@@ -267,24 +354,95 @@ def _data_path(loc: Iterable[Any], data: Any) -> Optional[str]:
     return _dotted(tuple(path)) or None
 
 
-def _culprit(cls: type, data: dict[str, Any]) -> Optional[str]:
-    """The top-level field whose removal makes validation pass or fail differently (error path only)."""
-    try:
-        cls.model_validate(data)
-        return None
-    except Exception as exc:  # noqa: BLE001
-        reference = (type(exc), str(exc))
-    for field in data:
-        if field in ("model", "messages", "prompt"):
-            continue  # removing a required field always changes the error
-        rest = {k: v for k, v in data.items() if k != field}
-        try:
-            cls.model_validate(rest)
-            return field
-        except Exception as exc:  # noqa: BLE001
-            if (type(exc), str(exc)) != reference:
-                return field
-    return None
+def check_costs(data: dict[str, Any], kind: str, limits: LimitsSpec) -> None:
+    """The fields whose size costs the engines per token or per request, on the raw (shape-checked) JSON:
+    counts first (O(1)), then sizes (linear), before pydantic parses any of it."""
+    stop = data.get("stop")
+    stops = [stop] if isinstance(stop, str) else (stop or [])
+    if len(stops) > limits.max_stop:
+        raise invalid("stop", f"{len(stops)} stop sequences; this endpoint allows at most {limits.max_stop} (limits.max_stop).")
+    for i, item in enumerate(stops):
+        if not isinstance(item, str):
+            raise invalid(f"stop.{i}", f"Invalid type for 'stop.{i}': expected a string, got {_json_type(item)}.")
+        if len(item) > limits.max_stop_chars:
+            raise invalid(
+                "stop", f"'stop.{i}' has {len(item)} characters; this endpoint allows at most {limits.max_stop_chars}."
+            )
+    messages, prompt = data.get("messages"), data.get("prompt")
+    if kind == "chat" and isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise invalid("messages", f"{len(messages)} messages; this endpoint allows at most {limits.max_messages}.")
+    if kind == "completions" and isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) > limits.max_prompts:
+            raise invalid("prompt", f"{len(prompt)} prompts in one request; this endpoint allows at most {limits.max_prompts}.")
+    counted = (
+        ("logit_bias", limits.max_logit_bias, "entries", "limits.max_logit_bias"),
+        ("bad_words", limits.max_bad_words, "words", "limits.max_bad_words"),
+        ("tools", limits.max_tools, "tools", "limits.max_tools"),
+    )
+    for field, cap, unit, knob in counted:
+        value = data.get(field)
+        if value is not None and len(value) > cap:
+            raise invalid(field, f"'{field}' has {len(value)} {unit}; this endpoint allows at most {cap} ({knob}).")
+    for i, word in enumerate(data.get("bad_words") or []):
+        if not isinstance(word, str):
+            raise invalid(f"bad_words.{i}", f"Invalid type for 'bad_words.{i}': expected a string, got {_json_type(word)}.")
+    if data.get("tools") == []:
+        raise invalid("tools", "'tools' must not be an empty array; omit it or send at least one tool.")
+    for field in ("response_format", "structured_outputs"):
+        if data.get(field) is not None:
+            _check_schema_size(field, data[field], limits)
+    for i, tool in enumerate(data.get("tools") or []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("parameters") is not None:
+            _check_schema_size(f"tools.{i}.function.parameters", function["parameters"], limits)
+    _check_prompt_logprobs(data, kind, limits)
+
+
+def _check_schema_size(param: str, value: Any, limits: LimitsSpec) -> None:
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > limits.max_schema_bytes:
+        raise invalid(
+            param,
+            f"'{param}' is {size} bytes as JSON; this endpoint allows at most {limits.max_schema_bytes} "
+            "(limits.max_schema_bytes).",
+        )
+
+
+def prompt_logprobs_asked(data: dict[str, Any], kind: str) -> tuple[Optional[str], Optional[int]]:
+    """(the field that asks, how many per prompt token) for prompt logprobs, as vLLM derives them:
+    `prompt_logprobs`, else with `echo` the chat request's `top_logprobs` (0 when absent: chat echo alone
+    computes them) or the completions request's `logprobs`."""
+    if data.get("prompt_logprobs") is not None:
+        return "prompt_logprobs", data["prompt_logprobs"]
+    if data.get("echo"):
+        if kind == "chat":
+            value = data.get("top_logprobs", 0)
+        else:
+            value = data.get("logprobs")
+        if value is not None:
+            return "echo", value
+    return None, None
+
+
+def _check_prompt_logprobs(data: dict[str, Any], kind: str, limits: LimitsSpec) -> None:
+    field, value = prompt_logprobs_asked(data, kind)
+    if field is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        return  # a wrong type is pydantic's to report
+    if limits.max_prompt_logprobs == 0:
+        how = "'prompt_logprobs'" if field == "prompt_logprobs" else "'echo' with logprobs"
+        raise invalid(
+            field,
+            f"Prompt logprobs ({how}) are disabled on this endpoint (limits.max_prompt_logprobs is 0)"
+            + (": send 'top_logprobs': null with 'echo'." if field == "echo" and kind == "chat" else "."),
+        )
+    if value < 0 or value > limits.max_prompt_logprobs:
+        raise invalid(
+            field,
+            f"Prompt logprobs of {value} per token; this endpoint allows 0 to {limits.max_prompt_logprobs} "
+            "(limits.max_prompt_logprobs).",
+        )
 
 
 def _check_limits(request: Request, limits: LimitsSpec, max_model_len: Optional[int]) -> None:
@@ -314,11 +472,30 @@ def _check_limits(request: Request, limits: LimitsSpec, max_model_len: Optional[
     if limits.max_tokens and getattr(request, "max_tokens", None) is None and getattr(
         request, "max_completion_tokens", None
     ) is None:
-        # Unset means "up to the context" for vLLM; with an operator cap, the cap is the default.
+        # Unset (absent or null) means "up to the context" for vLLM; with an operator cap, the cap is the default.
         if isinstance(request, ChatCompletionRequest):
             request.max_completion_tokens = limits.max_tokens
         else:
             request.max_tokens = limits.max_tokens
+
+
+def requested_max_tokens(request: Request) -> Optional[int]:
+    """The output cap the engines will apply to `request` (after `validate_request`), None when unbounded
+    (no limits.max_tokens and none asked: up to the context)."""
+    values = [getattr(request, f, None) for f in ("max_completion_tokens", "max_tokens")]
+    values = [v for v in values if isinstance(v, int)]
+    return min(values) if values else None
+
+
+def sequences(request: Request) -> int:
+    """How many sequences the engines run for `request`: prompts x max(n, best_of) (admission's weight)."""
+    if isinstance(request, ChatCompletionRequest):
+        prompts = 1
+    else:
+        prompt = request.prompt
+        prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    n = max(getattr(request, "n", None) or 1, getattr(request, "best_of", None) or 1)
+    return prompts * n
 
 
 def _json_type(value: Any) -> str:

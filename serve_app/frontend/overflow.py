@@ -11,6 +11,12 @@ cluster is saturated or a serving role is down, instead of queueing it or answer
   client sees the model it asked for. Streams are passed through event by event.
 - Every response says who served it: header `x-rld-backend: cluster|external`. Counted in
   ray_rld_overflow_requests_total{reason, outcome}.
+- What is sent is built, not copied: `forward_body` takes only the OpenAI fields listed in
+  `FORWARDED_FIELDS` from the validated request (never `service_tier`, `store`, `metadata`, vLLM's
+  extensions...), and always sets the output cap (the client's, limits.max_tokens, or
+  overflow.max_tokens). The base URL must be https (loopback excepted: config.OverflowSpec).
+- The response is bounded: overflow.timeout_s in all, overflow.max_response_bytes in size, one SSE event
+  at most MAX_EVENT_BYTES; past a bound the stream ends with an error event and [DONE].
 - A failure to reach the external endpoint (connection, timeout, 5xx before any byte was sent to the
   client) is not the client's problem: the request falls back to the path it would have taken
   without overflow. 4xx from the external endpoint are passed through (the request itself is bad).
@@ -18,6 +24,7 @@ cluster is saturated or a serving role is down, instead of queueing it or answer
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -35,6 +42,32 @@ logger = get_logger(__name__)
 
 BACKEND_HEADER = "x-rld-backend"
 KEY_RECHECK_S = 5.0
+MAX_EVENT_BYTES = 1024**2
+
+# OpenAI request fields the external endpoint gets (from the validated request); everything else stays here.
+_COMMON_FIELDS = (
+    "stream", "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "logit_bias", "seed",
+    "response_format",
+)
+FORWARDED_FIELDS = {
+    "chat": frozenset(_COMMON_FIELDS + ("messages", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
+                                        "top_logprobs")),
+    "completions": frozenset(_COMMON_FIELDS + ("prompt", "echo", "logprobs", "suffix", "best_of")),
+}
+_MAX_TOKENS_FIELD = {"chat": "max_completion_tokens", "completions": "max_tokens"}
+
+
+def forward_body(kind: str, data: dict[str, Any], *, model: str, max_tokens: int) -> dict[str, Any]:
+    """The body sent to the external endpoint: allow-listed fields of the (validated) client body, the
+    external model name and always an output cap."""
+    body = {k: v for k, v in data.items() if k in FORWARDED_FIELDS[kind] and v is not None}
+    if data.get("stream") and isinstance(data.get("stream_options"), dict):
+        include_usage = data["stream_options"].get("include_usage")
+        if isinstance(include_usage, bool):
+            body["stream_options"] = {"include_usage": include_usage}
+    body["model"] = model
+    body[_MAX_TOKENS_FIELD[kind]] = max_tokens
+    return body
 
 
 class OverflowFailed(Exception):
@@ -117,7 +150,14 @@ class Overflow:
         self._counter.inc(1, tags={"reason": reason, "outcome": outcome})
 
     async def forward(
-        self, kind: str, data: dict[str, Any], *, model_id: str, reason: str, request_id: Optional[str]
+        self,
+        kind: str,
+        data: dict[str, Any],
+        *,
+        model_id: str,
+        reason: str,
+        request_id: Optional[str],
+        max_tokens: Optional[int] = None,
     ) -> ReleasingResponse:
         """Serve the request from the external endpoint; raises OverflowFailed when it cannot."""
         assert self.spec.base_url
@@ -131,15 +171,26 @@ class Overflow:
                 self.in_flight -= 1
 
         try:
-            response = await self._forward(kind, data, model_id=model_id, reason=reason, request_id=request_id)
+            response = await self._forward(
+                kind, data, model_id=model_id, reason=reason, request_id=request_id, max_tokens=max_tokens
+            )
         except BaseException:
             release()
             raise
         return ReleasingResponse(response, release, {BACKEND_HEADER: "external"})
 
-    async def _forward(self, kind: str, data: dict[str, Any], *, model_id: str, reason: str, request_id: Optional[str]):
+    async def _forward(
+        self,
+        kind: str,
+        data: dict[str, Any],
+        *,
+        model_id: str,
+        reason: str,
+        request_id: Optional[str],
+        max_tokens: Optional[int],
+    ):
         external_model = self.spec.model_map.get(model_id, model_id)
-        body = {**data, "model": external_model}
+        body = forward_body(kind, data, model=external_model, max_tokens=max_tokens or self.spec.max_tokens)
         path = "/chat/completions" if kind == "chat" else "/completions"
         url = self.spec.base_url.rstrip("/") + path
         headers = {"content-type": "application/json"}
@@ -149,72 +200,142 @@ class Overflow:
         if request_id:
             headers["x-request-id"] = request_id
         client = self._http()
+        deadline = time.monotonic() + self.spec.timeout_s
         try:
-            upstream = await client.send(client.build_request("POST", url, json=body, headers=headers), stream=True)
-        except httpx.HTTPError as exc:
+            upstream = await asyncio.wait_for(
+                client.send(client.build_request("POST", url, json=body, headers=headers), stream=True),
+                timeout=self.spec.timeout_s,
+            )
+        except (httpx.HTTPError, asyncio.TimeoutError) as exc:
             self._count(reason, "failed")
-            logger.warning("overflow to %s failed (%s: %s); request_id=%s uses the cluster path", url, type(exc).__name__, exc, request_id)
-            raise OverflowFailed(str(exc)) from exc
+            logger.warning("overflow to %s failed (%s); request_id=%s uses the cluster path", url, type(exc).__name__, request_id)
+            raise OverflowFailed(type(exc).__name__) from exc
         if upstream.status_code >= 500 or upstream.status_code in (401, 403, 404, 429):
             # The external side is down, overloaded or misconfigured (key, model_map): not the client's fault.
-            text = (await upstream.aread())[:500]
+            # Its body is not logged: a 401 there may quote part of the key.
             await upstream.aclose()
             self._count(reason, "failed")
             logger.warning(
-                "overflow to %s answered %d (%r); request_id=%s uses the cluster path. Operators: check "
+                "overflow to %s answered %d; request_id=%s uses the cluster path. Operators: check "
                 "overflow.base_url, the key and overflow.model_map.",
-                url, upstream.status_code, text, request_id,
+                url, upstream.status_code, request_id,
             )
             raise OverflowFailed(f"HTTP {upstream.status_code}")
         logger.info("overflow (%s): request_id=%s served by %s as model %r", reason, request_id, url, external_model)
         if upstream.status_code >= 400:
-            content = await _json_body(upstream)
+            content = await self._json_body(upstream, deadline)
             self._count(reason, "client_error")
             return JSONResponse(status_code=upstream.status_code, content=content)
         self._count(reason, "ok")
         if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            content = await _json_body(upstream)
+            content = await self._json_body(upstream, deadline)
             if isinstance(content, dict) and "model" in content:
                 content["model"] = model_id
             return JSONResponse(content=content)
-        return StreamingResponse(_renamed_events(upstream, model_id), media_type="text/event-stream")
+        events = bounded_events(upstream, model_id, deadline=deadline, max_bytes=self.spec.max_response_bytes)
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    async def _json_body(self, upstream: httpx.Response, deadline: float) -> Any:
+        try:
+            raw = await asyncio.wait_for(
+                _read_bounded(upstream, self.spec.max_response_bytes), timeout=max(0.0, deadline - time.monotonic())
+            )
+            return json.loads(raw)
+        except (ValueError, httpx.HTTPError, asyncio.TimeoutError, ResponseTooLarge):
+            raise OpenAIError(502, "The overflow endpoint sent no usable JSON response.", code="bad_gateway") from None
+        finally:
+            await upstream.aclose()
 
 
-async def _json_body(upstream: httpx.Response) -> Any:
-    try:
-        raw = await upstream.aread()
-        return json.loads(raw)
-    except (ValueError, httpx.HTTPError):
-        raise OpenAIError(502, "The overflow endpoint sent a response that is not JSON.", code="bad_gateway") from None
-    finally:
-        await upstream.aclose()
+class ResponseTooLarge(Exception):
+    pass
 
 
-async def _renamed_events(upstream: httpx.Response, model_id: str) -> AsyncIterator[str]:
-    """SSE events from the external endpoint with `model` renamed back; a broken stream ends with an
-    error event and [DONE], like the cluster path's streams."""
-    done = False
-    try:
-        async for line in upstream.aiter_lines():
-            if not line.startswith("data:"):
+async def _read_bounded(upstream: httpx.Response, max_bytes: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for part in upstream.aiter_bytes():
+        size += len(part)
+        if size > max_bytes:
+            raise ResponseTooLarge()
+        parts.append(part)
+    return b"".join(parts)
+
+
+_BROKEN = {"message": "The overflow endpoint stopped answering mid-stream.", "type": "server_error", "param": None, "code": 503}
+
+
+async def sse_data(chunks: AsyncIterator[bytes], *, max_bytes: int, max_event_bytes: int = MAX_EVENT_BYTES) -> AsyncIterator[str]:
+    """The `data` of each SSE event in `chunks` (multi-line data joined by newlines, as the SSE spec says).
+    Raises ResponseTooLarge past `max_bytes` in all or `max_event_bytes` in one event."""
+    buffer = bytearray()  # amortized appends: a long partial line costs linear time, not quadratic
+    total = 0
+    data: list[str] = []
+    event_bytes = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > max_bytes:
+            raise ResponseTooLarge()
+        buffer.extend(chunk)
+        start = 0
+        while True:
+            newline = buffer.find(b"\n", start)
+            if newline < 0:
+                break
+            line, start = bytes(buffer[start:newline]).rstrip(b"\r"), newline + 1
+            if not line:
+                if data:
+                    yield "\n".join(data)
+                    data, event_bytes = [], 0
                 continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
+            if line.startswith(b"data:"):
+                value = line[5:]
+                data.append((value[1:] if value.startswith(b" ") else value).decode("utf-8", "replace"))
+                event_bytes += len(value) + 1
+                if event_bytes > max_event_bytes:
+                    raise ResponseTooLarge()
+        del buffer[:start]
+        if len(buffer) > max_event_bytes:
+            raise ResponseTooLarge()
+    line = bytes(buffer).rstrip(b"\r")
+    if line.startswith(b"data:"):
+        value = line[5:]
+        data.append((value[1:] if value.startswith(b" ") else value).decode("utf-8", "replace"))
+    if data:
+        yield "\n".join(data)
+
+
+async def bounded_events(
+    upstream: httpx.Response, model_id: str, *, deadline: float, max_bytes: int
+) -> AsyncIterator[str]:
+    """SSE events from the external endpoint with `model` renamed back, within `deadline` (monotonic) and
+    `max_bytes`; a broken or unbounded stream ends with an error event and [DONE], like the cluster path's."""
+    done = False
+    events = sse_data(upstream.aiter_bytes(), max_bytes=max_bytes).__aiter__()
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise asyncio.TimeoutError()
+            try:
+                payload = await asyncio.wait_for(events.__anext__(), timeout=remaining)
+            except StopAsyncIteration:
+                break
+            if payload.strip() == "[DONE]":
                 done = True
                 yield "data: [DONE]\n\n"
-                continue
+                break
             try:
                 event = json.loads(payload)
                 if isinstance(event, dict) and "model" in event:
                     event["model"] = model_id
                 payload = json.dumps(event)
             except ValueError:
-                pass
+                payload = payload.replace("\n", "")  # keep one event one line
             yield f"data: {payload}\n\n"
-    except httpx.HTTPError as exc:
-        logger.warning("overflow stream broke (%s: %s)", type(exc).__name__, exc)
-        error = {"error": {"message": "The overflow endpoint stopped answering mid-stream.", "type": "server_error", "param": None, "code": 503}}
-        yield f"data: {json.dumps(error)}\n\n"
+    except (httpx.HTTPError, asyncio.TimeoutError, ResponseTooLarge) as exc:
+        logger.warning("overflow stream ended early (%s)", type(exc).__name__)
+        yield f"data: {json.dumps({'error': _BROKEN})}\n\n"
     finally:
         await upstream.aclose()
     if not done:

@@ -284,7 +284,9 @@ INVALID: list[Bad] = [
     # --- request limits, admission control, failover, overflow (AppConfig's validators, mirrored) ---
     Bad("overflow-enabled-without-base-url", {"overflow": {"enabled": True}},
         "overflow.baseUrl", "required when overflow.enabled is true", app=True),
-    Bad("overflow-base-url-not-http", {"overflow": {"baseUrl": "api.example.com/v1"}}, "overflow.baseUrl", "an http(s) URL", app=True),
+    Bad("overflow-base-url-not-http", {"overflow": {"baseUrl": "api.example.com/v1"}}, "overflow.baseUrl", "an https URL", app=True),
+    Bad("overflow-base-url-cleartext", {"overflow": {"baseUrl": "http://api.example.com/v1"}}, "overflow.baseUrl",
+        "the key would travel in clear text", app=True),
     Bad("overflow-key-file-and-env", {"overflow": {**OVERFLOW, "apiKeyFile": "/keys/k", "apiKeyEnv": "OVERFLOW_KEY"}},
         "overflow.apiKeyEnv", "set overflow.apiKeyFile or overflow.apiKeyEnv, not both", app=True),
     Bad("overflow-secret-and-key-file", {"overflow": {"apiKeySecret": {"name": "overflow-key"}, "apiKeyFile": "/keys/k"}},

@@ -264,7 +264,8 @@ def test_every_alert_has_a_runbook_entry_and_says_what_happened() -> None:
         "RLDMetricsTargetDown", "RLDKVTransferFailures", "RLDKVBlocksExpired", "RLDKVTransferSlow",
         "RLDTTFTBudgetBurn", "RLDITLBudgetBurn", "RLDPrefillQueueSaturated", "RLDDecodeKVCacheNearFull",
         "RLDPrefillDecodeImbalance", "RLDDecodeOnlyFallback", "RLDRemotePrefillWithoutKV", "RLDOverflowActive",
-        "RLDOverflowFailing", "RLDAdmissionRejections", "RLDPrefillFailovers", "RLDRoleUnavailable"}
+        "RLDOverflowFailing", "RLDAdmissionRejections", "RLDPrefillFailovers", "RLDRoleUnavailable",
+        "RLDRequestKilledEngine"}
     source = yaml.safe_load((CHART / "schema" / "chart.yaml").read_text())
     disabled_enum = source["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]["disabled"]["items"]["enum"]
     assert set(disabled_enum) == alert_names(spec), "schema/chart.yaml's list of alert names is stale"

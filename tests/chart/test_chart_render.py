@@ -227,7 +227,7 @@ MATRIX: dict[str, dict] = {
                                               "connectTimeoutS": 2.5},
                                  "auth": {"apiKeySecret": {"name": "llm-api-keys"},
                                           "corsAllowOrigins": ["https://chat.example.com"]}},
-    "overflow-key-from-env": {"overflow": {"enabled": True, "baseUrl": "http://fallback.internal:8000/v1",
+    "overflow-key-from-env": {"overflow": {"enabled": True, "baseUrl": "https://fallback.internal:8000/v1",
                                            "apiKeyEnv": "OVERFLOW_API_KEY"},
                               "extraEnv": [{"name": "OVERFLOW_API_KEY",
                                             "valueFrom": {"secretKeyRef": {"name": "fallback", "key": "key"}}}]},

@@ -209,6 +209,7 @@ APP_INVALID = {
     "env-not-string": {"engine_env": {"A": 1}},
     "overflow-without-base-url": {"overflow": {"enabled": True}},
     "overflow-base-url-not-http": {"overflow": {"base_url": "api.example.com/v1"}},
+    "overflow-base-url-cleartext": {"overflow": {"base_url": "http://api.example.com/v1"}},
     "overflow-key-file-and-env": {"overflow": {"enabled": True, "base_url": "https://api.example.com/v1",
                                                "api_key_file": "/keys/k", "api_key_env": "OVERFLOW_KEY"}},
     "admission-above-frontend": {"admission": {"max_in_flight": 900, "max_queued": 200}},

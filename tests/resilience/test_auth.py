@@ -45,12 +45,15 @@ def test_each_configured_key_is_accepted(anonymous: httpx.Client) -> None:
         assert chat.json()["usage"]["completion_tokens"] == 4
 
 
-def test_readiness_needs_no_key(anonymous: httpx.Client) -> None:
+def test_readiness_needs_no_key_and_tells_anonymous_callers_only_the_status(anonymous: httpx.Client) -> None:
     response = anonymous.get("/health")
     assert response.status_code == 200, response.text
-    assert response.json()["roles"] == {"prefill": "ok", "decode": "ok"}
-    # An app whose roles cannot be placed is not ready, and says so without a key too.
-    assert anonymous.get("/unplaced/health").status_code == 503
+    assert response.json() == {"status": "ok"}
+    keyed = anonymous.get("/health", headers={"Authorization": f"Bearer {API_KEYS[0]}"})
+    assert keyed.json()["roles"] == {"prefill": "ok", "decode": "ok"}
+    # An app whose roles cannot be placed is not ready, and says so without a key too (and nothing more).
+    unplaced = anonymous.get("/unplaced/health")
+    assert unplaced.status_code == 503 and unplaced.json() == {"status": "unavailable"}, unplaced.text
 
 
 def test_rejections_are_counted_by_reason(stack: LocalStack, anonymous: httpx.Client) -> None:

@@ -9,6 +9,7 @@ from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDSe
 
 from serve_app.builder import AppConfigError, llm_configs, parse_app_config
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY, AppConfig
+from serve_app.llm_configs import EDGE_CALLBACK, EDGE_CALLBACK_ENV
 from devstack.serve_config import local_app_args
 
 
@@ -61,8 +62,9 @@ def test_gpu_disaggregated_roles_map_to_ray_llm_configs() -> None:
     assert decode.deployment_config["autoscaling_config"]["max_replicas"] == 4
     assert "enabled" not in decode.deployment_config["autoscaling_config"]
     # App-wide env, overridden per role.
-    assert prefill.runtime_env["env_vars"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"}
-    assert decode.runtime_env["env_vars"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "WARN"}
+    edge = {EDGE_CALLBACK_ENV: EDGE_CALLBACK}  # Serve's own HTTP server gets the edge guard (issue 18)
+    assert prefill.runtime_env["env_vars"] == {**edge, "FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"}
+    assert decode.runtime_env["env_vars"] == {**edge, "FI_PROVIDER": "efa", "NCCL_DEBUG": "WARN"}
     # Ray's own P/D validation accepts the pair and gives decode its own NIXL port base.
     pd = PDServingArgs.model_validate({"prefill_config": prefill, "decode_config": decode})
     assert pd.decode_config.experimental_configs["NIXL_SIDE_CHANNEL_PORT_BASE"] == 22000
@@ -112,7 +114,8 @@ def test_frontend_options() -> None:
                                     placement={"frontend_label": {"pool": "cpu"}}))
     assert frontend_deployment_config(app) == {
         "num_replicas": 2, "max_ongoing_requests": 64,
-        "ray_actor_options": {"num_cpus": 0.5, "label_selector": {"pool": "cpu"}}}
+        "ray_actor_options": {"num_cpus": 0.5, "label_selector": {"pool": "cpu"},
+                              "runtime_env": {"env_vars": {EDGE_CALLBACK_ENV: EDGE_CALLBACK}}}}
 
 
 def test_unpinned_roles_have_no_label_selector() -> None:

@@ -107,7 +107,7 @@ def test_the_frontend_merges_the_replicas_stamps_without_overwriting_its_own() -
     assert (clock.path, clock.mode, clock.prompt_tokens) == ("remote", "disaggregated", 601)
 
 
-def _asgi_stream(wants_trace: bool) -> bytes:
+def _asgi_stream(wants_trace: bool, allowed: bool = True) -> bytes:
     """The bytes a client receives from the frontend's middleware around a two-chunk SSE response whose
     serving replica's stamps arrived (as `_get_response` merges them)."""
     from serve_app.frontend.app import CLOCK_STATE_KEY, HopClockMiddleware
@@ -128,7 +128,7 @@ def _asgi_stream(wants_trace: bool) -> bytes:
             sent.append(message["body"])
 
     headers = [(b"x-request-id", b"req-9")] + ([(b"x-rld-trace", b"1")] if wants_trace else [])
-    asyncio.run(HopClockMiddleware(app)({"type": "http", "headers": headers}, None, send))
+    asyncio.run(HopClockMiddleware(app, client_trace=allowed)({"type": "http", "headers": headers}, None, send))
     return b"".join(sent)
 
 
@@ -137,6 +137,7 @@ def test_a_client_that_asks_gets_the_record_in_the_stream_and_others_do_not() ->
 
     plain, traced = _asgi_stream(False), _asgi_stream(True)
     assert b"rld-trace" not in plain
+    assert b"rld-trace" not in _asgi_stream(True, allowed=False)  # frontend.client_trace off (the default): ignored
     result = consume_sse(iter(traced.splitlines(keepends=True)), "completions", time.perf_counter())
     assert result.done and result.text_chunks == 1  # the comment does not disturb the stream
     trace = result.server_trace
