@@ -205,6 +205,20 @@ def decode_requests(stack: LocalStack) -> float:
     return total(cluster_metrics(stack), "ray_rld_requests_total", role="decode")
 
 
+def steady(read: Callable[[], float], interval_s: float = 6.0, timeout_s: float = 120) -> float:
+    """`read()` once two reads an export interval apart agree (Ray exports metrics every few seconds: a request
+    of an earlier test may not be counted yet)."""
+    deadline = time.monotonic() + timeout_s
+    last = read()
+    while time.monotonic() < deadline:
+        time.sleep(interval_s)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError("the metric kept changing")
+
+
 def test_a_request_whose_engine_dies_under_it_is_contained_not_replayed(stack: LocalStack, http: httpx.Client) -> None:
     """A non-streamed request is all 'before the first chunk': on main, the engine's death under it was retried on
     the other decode replica (the client got a 200 from there). Now: 503 engine_failed_on_request, no second
@@ -212,7 +226,7 @@ def test_a_request_whose_engine_dies_under_it_is_contained_not_replayed(stack: L
     replicas = replica_processes("main", "Decode:tiny")
     assert len(replicas) == 2, replicas
     killed_before = contained(stack, "killed_engine")
-    served_before = decode_requests(stack)
+    served_before = steady(lambda: decode_requests(stack))
     result: dict[str, Any] = {}
 
     def long_request() -> None:
@@ -234,7 +248,7 @@ def test_a_request_whose_engine_dies_under_it_is_contained_not_replayed(stack: L
     assert not INTERNAL.search(error["message"]), error["message"]
     wait_until("ray_rld_contained_requests_total{event=killed_engine} to move",
                lambda: contained(stack, "killed_engine") >= killed_before + 1, timeout_s=60)
-    served = decode_requests(stack) - served_before
+    served = steady(lambda: decode_requests(stack)) - served_before
     assert served <= 1, f"the request reached decode {served} times: it was replayed"
     # Serve restarts the dead replica; the suite's later tests need both decode replicas.
     wait_until("both decode replicas running again", lambda: running_replicas("main", "Decode:tiny") == 2,
