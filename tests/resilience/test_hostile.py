@@ -238,6 +238,7 @@ def test_a_request_whose_engine_dies_under_it_is_contained_not_replayed(stack: L
     time.sleep(2.0)  # generating by now (1000 tokens take several seconds on CPU)
     assert worker.is_alive(), "the request ended before its engine could be killed"
     victim = busiest_engine(replicas)
+    victim_replica = victim.parent().pid if victim.parent() else None
     victim.kill()
     worker.join(timeout=300)
     response = result["response"]
@@ -250,9 +251,13 @@ def test_a_request_whose_engine_dies_under_it_is_contained_not_replayed(stack: L
                lambda: contained(stack, "killed_engine") >= killed_before + 1, timeout_s=60)
     served = steady(lambda: decode_requests(stack)) - served_before
     assert served <= 1, f"the request reached decode {served} times: it was replayed"
-    # Serve restarts the dead replica; the suite's later tests need both decode replicas.
+    # Serve replaces the replica whose engine died (its health check fails); the suite's later tests need both
+    # decode replicas. Until then that replica answers EngineDeadBeforeDispatch, which is retried elsewhere.
+    wait_until("the dead engine's replica replaced", lambda: victim_replica not in {
+        r.pid for r in replica_processes("main", "Decode:tiny")}, timeout_s=900, every_s=5)
     wait_until("both decode replicas running again", lambda: running_replicas("main", "Decode:tiny") == 2,
                timeout_s=900, every_s=5)
     wait_until("a normal request served again", lambda: http.post("/v1/chat/completions", json=chat()).status_code == 200,
                timeout_s=300, every_s=5)
-    assert http.get("/health", headers={"Authorization": f"Bearer {API_KEYS[0]}"}).json()["status"] == "ok"
+    wait_until("ready again", lambda: http.get(
+        "/health", headers={"Authorization": f"Bearer {API_KEYS[0]}"}).json()["status"] == "ok", timeout_s=300, every_s=5)
