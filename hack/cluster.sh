@@ -245,6 +245,7 @@ reconcile_nodes() {
   if [ -n "$manifests" ]; then
     kc create -f - <<<"$manifests" >/dev/null || rld::die "creating nodes failed (kubectl output above); a manifest: hack/cluster.sh render prefill-0"
   fi
+  [ -n "$want" ] || return 0   # no fake nodes (hack/e2e.sh brings a real one)
   mapfile -t refs < <(sed 's#^#node/#' <<<"$want")
   wait_ready kwok "all ${#refs[@]} nodes Ready (${refs[*]#node/})" kc wait --for condition=Ready --timeout 5s "${refs[@]}"
   kc get nodes -L ray-llm-disagg.io/pool,node.kubernetes.io/instance-type --no-headers |
