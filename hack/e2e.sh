@@ -209,7 +209,7 @@ import_images() {
 # --- node --------------------------------------------------------------------------------------------------
 
 snapshot_host() {   # what `down` compares against: iptables rules, ip_forward
-  iptables-save | grep -v '^[#:]' | sed 's/\[[0-9]*:[0-9]*\]//' > "$STATE/host/iptables.before" || true
+  { iptables-save 2>/dev/null || true; } | grep -v '^[#:]' | sed 's/\[[0-9]*:[0-9]*\]//' > "$STATE/host/iptables.before" || true
   cat /proc/sys/net/ipv4/ip_forward > "$STATE/host/ip_forward.before"
   touch "$STATE/host/started"
 }
@@ -506,18 +506,20 @@ cmd_down() {
 cleanup_iptables() {
   local table chain rule
   for table in filter nat mangle raw; do
-    iptables-save -t "$table" 2>/dev/null | grep -E '^-A ' | grep -E 'KUBE-|CNI-|cni0|'"$BRIDGE" | sed 's/^-A /-D /' |
-      while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
-    for chain in $(iptables-save -t "$table" 2>/dev/null | awk -F'[: ]' '/^:(KUBE-|CNI-)/ {print $2}'); do
+    { iptables-save -t "$table" 2>/dev/null || true; } | { grep -E '^-A .*(KUBE-|CNI-|'"$BRIDGE"')' || true; } |
+      sed 's/^-A /-D /' | while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
+    for chain in $({ iptables-save -t "$table" 2>/dev/null || true; } | awk -F'[: ]' '/^:(KUBE-|CNI-)/ {print $2}'); do
       iptables -t "$table" -F "$chain" 2>/dev/null || true
     done
-    for chain in $(iptables-save -t "$table" 2>/dev/null | awk -F'[: ]' '/^:(KUBE-|CNI-)/ {print $2}'); do
+    for chain in $({ iptables-save -t "$table" 2>/dev/null || true; } | awk -F'[: ]' '/^:(KUBE-|CNI-)/ {print $2}'); do
       iptables -t "$table" -X "$chain" 2>/dev/null || true
     done
   done
-  for set in $(ipset list -n 2>/dev/null | grep -E '^(KUBE-|kube-router)' || true); do ipset destroy "$set" 2>/dev/null || true; done
+  for chain in $({ ipset list -n 2>/dev/null || true; } | grep -E '^(KUBE-|kube-router)' || true); do
+    ipset destroy "$chain" 2>/dev/null || true
+  done
   if [ -f "$STATE/host/iptables.before" ]; then
-    iptables-save | grep -v '^[#:]' | sed 's/\[[0-9]*:[0-9]*\]//' > "$STATE/host/iptables.after" || true
+    { iptables-save 2>/dev/null || true; } | grep -v '^[#:]' | sed 's/\[[0-9]*:[0-9]*\]//' > "$STATE/host/iptables.after"
     diff -q "$STATE/host/iptables.before" "$STATE/host/iptables.after" >/dev/null ||
       rld::log "WARNING: iptables differ from before up: $(diff "$STATE/host/iptables.before" "$STATE/host/iptables.after" | head -n 5 | tr '\n' ' ')"
   fi
