@@ -128,7 +128,8 @@ start_apiserver() {
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" --endpoint-reconciler-type none \
-    --allow-privileged=true --profiling=false --request-timeout 3m
+    --allow-privileged=true --profiling=false --request-timeout 3m \
+    --kubelet-preferred-address-types InternalIP,Hostname
   wait_ready kube-apiserver "kube-apiserver /readyz on https://127.0.0.1:$API_PORT" kc get --raw /readyz
 }
 
