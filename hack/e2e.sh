@@ -170,6 +170,7 @@ ensure_image_tars() {
   mkdir -p "$STATE/logs" "$STATE/pids" "$(dirname "$tar")"
   build_base
   start_docker
+  trap stop_docker EXIT   # also when a build step dies
   build_pause
   if [ ! -s "$tar" ]; then
     if ! docker_cli image inspect "$BASE_REF" >/dev/null 2>&1; then
@@ -192,6 +193,7 @@ ensure_image_tars() {
     find "$(dirname "$tar")" -name 'ray-llm-disagg-cpu-*.tar' ! -path "$tar" -delete
   fi
   stop_docker
+  trap - EXIT
 }
 
 # import_images: into containerd's k8s.io namespace (kept across down/up: containerd's root is in the cache).
