@@ -449,6 +449,8 @@ cmd_up() {
     rld::timed "kube-router ready" start_kube_router
   else
     rld::log "e2e node already running (state: $STATE)"
+    rld::timed "images built/cached" ensure_image_tars
+    rld::timed "images in containerd" import_images
   fi
   rld::timed "helm install" install_release
   rld::timed "RayService Ready" wait_rayservice "$RELEASE" "$NS"
