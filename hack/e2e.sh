@@ -206,6 +206,10 @@ import_images() {
       ctrk images import --no-unpack=false "$tar" >&2 || rld::die "ctr images import $tar failed"
     fi
   done
+  # older builds of the recipe: drop them (containerd then collects their layers and snapshots)
+  for ref in $(ctrk images ls -q | grep -F "$IMAGE_REPO:" | grep -vx "\(docker.io/\)\?$(image_ref)" || true); do
+    ctrk images rm "$ref" >/dev/null 2>&1 || true
+  done
 }
 
 # --- node --------------------------------------------------------------------------------------------------
