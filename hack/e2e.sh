@@ -367,7 +367,11 @@ start_kube_router() {
 
 model_dir() {
   local py; py="$("$RLD_ROOT/hack/pyenv.sh" python)"
-  (cd "$RLD_ROOT" && "$py" -c 'from devstack.tiny_model import ensure_tiny_model; print(ensure_tiny_model())')
+  local dir
+  dir="$(cd "$RLD_ROOT" && "$py" -c 'from devstack.tiny_model import ensure_tiny_model; print(ensure_tiny_model())' | tail -n 1)"
+  # mounted by hostPath into pods that may run as any uid (ci/secure-values.yaml: 1000): world-readable
+  chmod -R a+rX "$dir"
+  echo "$dir"
 }
 
 # helm_install RELEASE NAMESPACE [helm args...]: the chart from examples/cpu-tiny.yaml + hack/k8s/e2e-values.yaml

@@ -20,7 +20,8 @@ CHART = ROOT / "charts" / "ray-llm-disagg"
 
 
 def test_secure_values_install_and_serve(node: Node) -> None:
-    node.helm("uninstall", node.release, "-n", node.namespace, "--wait", "--timeout", "3m")
+    node.helm("uninstall", node.release, "-n", node.namespace, "--wait", "--timeout", "3m", check=False)
+    node.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m", check=False)  # a failed earlier run's
     secure = yaml.safe_load((CHART / "ci" / "secure-values.yaml").read_text())
     # the sidecar exactly as ci/secure-values.yaml has it, on an image this node has (no registry here)
     sidecars = [{**s, "image": node.image, "imagePullPolicy": "Never"} for s in secure["head"]["sidecars"]]
