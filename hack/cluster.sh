@@ -128,7 +128,8 @@ start_apiserver() {
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" --endpoint-reconciler-type none \
-    --allow-privileged=true --profiling=false --request-timeout 3m
+    --allow-privileged=true --profiling=false --request-timeout 3m \
+    --kubelet-preferred-address-types InternalIP,Hostname
   wait_ready kube-apiserver "kube-apiserver /readyz on https://127.0.0.1:$API_PORT" kc get --raw /readyz
 }
 
@@ -245,6 +246,7 @@ reconcile_nodes() {
   if [ -n "$manifests" ]; then
     kc create -f - <<<"$manifests" >/dev/null || rld::die "creating nodes failed (kubectl output above); a manifest: hack/cluster.sh render prefill-0"
   fi
+  [ -n "$want" ] || return 0   # no fake nodes (hack/e2e.sh brings a real one)
   mapfile -t refs < <(sed 's#^#node/#' <<<"$want")
   wait_ready kwok "all ${#refs[@]} nodes Ready (${refs[*]#node/})" kc wait --for condition=Ready --timeout 5s "${refs[@]}"
   kc get nodes -L ray-llm-disagg.io/pool,node.kubernetes.io/instance-type --no-headers |

@@ -14,10 +14,10 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Build order matters: helm is needed first by the chart work; the k8s binaries take longest.
-TOOLS=(helm kubeconform ct pytools schemas promop-schemas promtool promql ray-operator kwok etcd k8s)
+TOOLS=(helm kubeconform ct pytools schemas promop-schemas promtool promql ray-operator kwok etcd k8s coredns kube-router)
 BIN="$RLD_CACHE/bin"
 export GOFLAGS="-p=${RLD_GO_JOBS:-2} -buildvcs=false"
-K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"   # k8s.io/<staging> v0.Y.Z  <->  Kubernetes v1.Y.Z
 WRAPPERS="$RLD_ROOT/hack/k8s"
 
@@ -219,7 +219,7 @@ k8s_want()    { echo "$K8S_VERSION"; }
 k8s_current() {
   local d b v; d="$(k8s_dir)"
   for b in "${K8S_BINARIES[@]}"; do [ -x "$d/$b" ] || return 0; done
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
     v="$("$d/$b" --version | awk '{print $2}')"; [ "$v" = "$K8S_VERSION" ] || { echo "$b=$v"; return 0; }
   done
   "$d/kubectl" version --client -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'
@@ -254,6 +254,20 @@ gen_k8s_wrapper() {
   go get -tool "${pkgs[@]/%/@$K8S_VERSION}"   # an explicit version: without it go get takes the newest
 }
 
+# The real one-node cluster's DNS and NetworkPolicy enforcer (hack/e2e.sh); plain `go install`, no replaces.
+coredns_dir()     { dir_of coredns "$COREDNS_VERSION"; }
+coredns_want()    { echo "$COREDNS_VERSION"; }
+coredns_current() { go_mod_version "$(coredns_dir)/coredns" github.com/coredns/coredns; }
+coredns_build()   { go_install "$(coredns_dir)" "" "github.com/coredns/coredns@$COREDNS_VERSION"; }
+
+kube-router_dir()     { dir_of kube-router "$KUBE_ROUTER_VERSION"; }
+kube-router_want()    { echo "$KUBE_ROUTER_VERSION"; }
+kube-router_current() { go_mod_version "$(kube-router_dir)/kube-router" github.com/cloudnativelabs/kube-router/v2; }
+kube-router_build() {
+  go_install "$(kube-router_dir)" "-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+}
+
 # ensure_wrapper DIR "MODULE VERSION" GENERATOR: (re)generate DIR/go.mod with GENERATOR unless it already requires that version.
 ensure_wrapper() {
   local dir="$1" req="$2" gen="$3"
@@ -285,6 +299,8 @@ yamale $(pytools_dir)/bin/yamale
 ray-operator $(ray-operator_dir)/ray-operator
 kwok $(kwok_dir)/kwok
 etcd $(etcd_dir)/etcd
+coredns $(coredns_dir)/coredns
+kube-router $(kube-router_dir)/kube-router
 $(for t in "${K8S_BINARIES[@]}"; do echo "$t $(k8s_dir)/$t"; done)
 EOF
 }

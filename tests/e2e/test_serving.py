@@ -1,0 +1,113 @@
+"""Real pods, real engines: head, prefill and decode are containers on the one node, each engine in its role's
+pod, and a streamed chat completion through the chart's serve Service moves KV from prefill to decode."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import httpx
+import openai
+import pytest
+
+from .conftest import ROOT, Node, wait_until
+
+PREFLIGHT = ROOT / "charts" / "ray-llm-disagg" / "files" / "efa_preflight.py"
+spec = importlib.util.spec_from_file_location("efa_preflight", PREFLIGHT)
+efa_preflight = sys.modules.setdefault("efa_preflight", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(efa_preflight)
+
+
+def containerd_ids(node: Node) -> set[str]:
+    out = subprocess.run(["ctr", "--address", node.env["RLD_E2E_CONTAINERD_SOCK"], "-n", "k8s.io", "containers", "ls", "-q"],
+                         capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_head_prefill_and_decode_are_real_containers_on_the_node(node: Node) -> None:
+    groups = node.ray_pods()
+    assert sorted(groups) == ["decode", "head", "prefill"], groups.keys()
+    ids = containerd_ids(node)
+    for group, pods in groups.items():
+        assert len(pods) == 1, (group, [p["metadata"]["name"] for p in pods])
+        pod = pods[0]
+        assert pod["spec"]["nodeName"] == node.env["RLD_E2E_NODE"]
+        assert pod["status"]["phase"] == "Running"
+        ray = next(c for c in pod["status"]["containerStatuses"] if c["name"].startswith("ray-"))
+        assert ray["ready"] and "running" in ray["state"], (group, ray)
+        assert ray["image"].endswith(node.image), (ray["image"], node.image)  # the image built from images/
+        cid = ray["containerID"].removeprefix("containerd://")
+        assert cid in ids, f"{group}'s container {cid[:12]} is not a containerd container on this node"
+
+
+def test_each_engine_runs_in_its_roles_pod(node: Node) -> None:
+    """Ray placed the prefill engine on the prefill pod and the decode engine on the decode pod (the Ray node
+    labels the chart gives each group): the Serve replicas' process titles in each container say so."""
+    titles = {}
+    for role in ("prefill", "decode"):
+        pod = node.ray_pods()[role][0]["metadata"]["name"]
+        titles[role] = node.kubectl("exec", "-n", node.namespace, pod, "-c", "ray-worker", "--", "bash", "-c",
+                                    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done")
+    for role, other in (("prefill", "Decode"), ("decode", "Prefill")):
+        replicas = [t for t in titles[role].splitlines() if "ServeReplica:" in t]
+        assert any(f":{role.capitalize()}:tiny" in t for t in replicas), (role, replicas)
+        assert not any(f":{other}:" in t for t in replicas), f"a {other} replica runs in the {role} pod: {replicas}"
+
+
+def decode_kv(node: Node) -> efa_preflight.KV:
+    pod = node.ray_pods()["decode"][0]
+    port = next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", []) if p["name"] == "metrics")
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=10) as r:
+        return efa_preflight.KV.from_metrics(r.read().decode())
+
+
+def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: Node) -> None:
+    before = decode_kv(node)
+    client = openai.OpenAI(base_url=node.base_url, api_key=node.api_key, timeout=120)
+    t0 = time.monotonic()
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Count: " + " ".join(str(i) for i in range(200))}],
+        max_tokens=16, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    took = time.monotonic() - t0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = next(c.usage for c in chunks if c.usage)
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2, chunks[:3]
+    assert usage.completion_tokens > 0 and usage.prompt_tokens > 200, usage
+    print(f"streamed {usage.completion_tokens} tokens in {took:.1f}s: {text!r}")
+
+    def moved():
+        after = decode_kv(node)
+        return after if (after.bytes - before.bytes > 0 or after.external_tokens - before.external_tokens > 0) else None
+
+    after = wait_until(moved, 30, "decode's NIXL/external-KV counters to rise (metrics export every few seconds)")
+    assert after.failed == before.failed, "a NIXL transfer failed"
+
+
+def test_openai_client_models_usage_and_bad_input(node: Node) -> None:
+    client = openai.OpenAI(base_url=node.base_url, api_key=node.api_key, timeout=60)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    done = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert done.usage.completion_tokens >= 1 and done.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=-1)
+    assert 400 <= err.value.status_code < 500, err.value
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert 400 <= err.value.status_code < 500, err.value
+
+
+@pytest.mark.parametrize("auth", [None, "Bearer wrong-key"])
+def test_a_request_without_a_valid_key_gets_401(node: Node, auth: str | None) -> None:
+    headers = {"Authorization": auth} if auth else {}
+    r = httpx.post(f"{node.base_url}/chat/completions", headers=headers, timeout=30,
+                   json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert r.status_code == 401, (r.status_code, r.text[:300])
+    assert r.headers.get("www-authenticate", "").lower().startswith("bearer")
+    assert json.loads(r.text)["error"]["code"] == "invalid_api_key"
+    ok = httpx.get(f"{node.base_url}/models", headers={"Authorization": f"Bearer {node.api_key}"}, timeout=30)
+    assert ok.status_code == 200  # the same endpoint with the key: it is the key that was refused
