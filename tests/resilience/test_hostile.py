@@ -35,8 +35,23 @@ from devstack.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
-ANSWER_S = 2.0  # each hostile request is answered (4xx) within this
-GAP_S = 2.0  # the concurrent stream never waits longer than this between two chunks
+# Each hostile request is answered (4xx) within ANSWER_S, and the concurrent stream never waits longer than GAP_S
+# between two chunks, on top of what this machine takes right now for the same without the hostile input (a small
+# 400; the stream's own longest gap before): on an idle machine that is ~2 s, on a loaded one it grows with the load
+# instead of failing on it (issue 22), while a blocked event loop (34 s on main for 45 KB) still fails.
+ANSWER_S = 2.0
+GAP_S = 2.0
+BASELINE_FACTOR = 3
+
+
+def baseline_answer_s(http: httpx.Client) -> float:
+    """The slowest of three small bad requests' 400s now."""
+    took = []
+    for _ in range(3):
+        response, seconds = timed(lambda: http.post("/v1/chat/completions", json=chat(max_tokens=-1)))
+        assert response.status_code == 400, response.text[:300]
+        took.append(seconds)
+    return max(took)
 MESSAGES = [{"role": "user", "content": "hello"}]
 INTERNAL = re.compile(r"Traceback|File \"|pid=|ip=|\d{1,3}(\.\d{1,3}){3}|ray::|Serve says|actor_id", re.IGNORECASE)
 
@@ -133,6 +148,8 @@ def timed(call: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
 
 def test_hostile_requests_get_a_fast_4xx_while_a_stream_keeps_flowing(stack: LocalStack, http: httpx.Client) -> None:
     stream = Stream(http, max_tokens=1000).start()
+    answer_bound = ANSWER_S + BASELINE_FACTOR * baseline_answer_s(http)
+    gap_bound = GAP_S + BASELINE_FACTOR * stream.gaps_between(stream.arrivals[0], stream.arrivals[-1])
     began = time.monotonic()
     slowest = 0.0
     overlapped = 0
@@ -144,7 +161,7 @@ def test_hostile_requests_get_a_fast_4xx_while_a_stream_keeps_flowing(stack: Loc
         if param is not None:
             assert error["param"] == param, f"{name}: {error}"
         assert not INTERNAL.search(error["message"]), f"{name}: {error['message']}"
-        assert took < ANSWER_S, f"{name}: answered in {took:.2f} s ({len(raw)} bytes)"
+        assert took < answer_bound, f"{name}: answered in {took:.2f} s ({len(raw)} bytes; bound {answer_bound:.2f} s)"
         slowest = max(slowest, took)
         overlapped += not stream.done_event
         measured(f"hostile: {name}: {response.status_code} in {took * 1000:.0f} ms ({len(raw) // 1024} KB)")
@@ -153,17 +170,18 @@ def test_hostile_requests_get_a_fast_4xx_while_a_stream_keeps_flowing(stack: Loc
     measured(f"hostile: {len(HOSTILE)} requests, slowest answer {slowest * 1000:.0f} ms; concurrent stream's "
              f"longest gap meanwhile {gap * 1000:.0f} ms ({overlapped} requests answered while it ran)")
     assert overlapped >= 5, "the concurrent stream ended before the heavy hostile requests were sent"
-    assert gap < GAP_S, f"the concurrent stream stalled {gap:.2f} s while hostile requests were answered"
+    assert gap < gap_bound, f"the concurrent stream stalled {gap:.2f} s (bound {gap_bound:.2f} s) while hostile requests were answered"
     stream.join()
     assert stream.status == 200 and stream.done_event, (stream.status, stream.error)
 
 
 def test_a_non_utf8_request_id_is_a_4xx_not_a_500(stack: LocalStack, http: httpx.Client) -> None:
+    bound = ANSWER_S + BASELINE_FACTOR * baseline_answer_s(http)
     response, took = timed(lambda: http.post("/v1/chat/completions", json=chat(),
                                              headers={"x-request-id": b"\xff\xfe-id"}))
     measured(f"hostile: non-UTF-8 x-request-id: {response.status_code} in {took * 1000:.0f} ms")
     assert 400 <= response.status_code < 500, response.text[:300]
-    assert took < ANSWER_S
+    assert took < bound, f"answered in {took:.2f} s (bound {bound:.2f} s)"
 
 
 def test_readiness_and_errors_say_nothing_internal(stack: LocalStack, http: httpx.Client,
