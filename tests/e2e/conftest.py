@@ -47,11 +47,9 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in mine:
         item.add_marker(pytest.mark.e2e)
-    # tests that replace the release (secure values) run last: the others share the release `up` installed
-    last = [i for i in mine if getattr(i.module, "RUNS_LAST", False)]
-    if last:
-        rest = [i for i in items if i not in last]
-        items[:] = rest + last
+    # modules that disturb the release run after the others (ORDER: pod deletions 1, replacing the release 2),
+    # so the others see it as `up` left it
+    items.sort(key=lambda i: getattr(i.module, "ORDER", 0) if i in mine else 0)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -10,9 +10,19 @@ import httpx
 import pytest
 
 from .conftest import Node, record, wait_until
+from .test_serving import decode_kv
 
+ORDER = 1  # after the tests that expect the release as `up` left it
 RECOVERY_TIMEOUT_S = 900
 CLIENT_TIMEOUT_S = 60  # a request that takes longer than this counts as a hang
+
+
+def wait_kv_moved(node: Node, before) -> bool:
+    try:
+        return bool(wait_until(lambda: (lambda a: a.external_tokens > before.external_tokens or a.bytes > before.bytes)(decode_kv(node)),
+                               15, "decode's external-KV counters to rise"))
+    except AssertionError:
+        return False
 
 
 def one_request(node: Node) -> tuple[int | str, dict]:
@@ -37,10 +47,14 @@ def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role
 
     def answered_again() -> bool:
         pods = node.ray_pods().get(role, [])
+        kv = decode_kv(node) if role == "prefill" and pods else None
         status, headers = one_request(node)
         seen.append((round(time.monotonic() - t0, 1), status, headers.get("retry-after", "")))
         new = [p for p in pods if p["metadata"]["name"] != old and p["status"].get("phase") == "Running"]
-        return bool(new) and status == 200 and time.monotonic() - t0 > 5
+        if not (new and status == 200 and time.monotonic() - t0 > 5):
+            return False
+        # prefill: decode answers alone meanwhile (local fallback); back means KV moves from prefill again
+        return role == "decode" or wait_kv_moved(node, kv)
 
     wait_until(answered_again, RECOVERY_TIMEOUT_S, f"requests answered again after deleting the {role} pod", interval=3)
     took = time.monotonic() - t0

@@ -14,7 +14,7 @@ import yaml
 from .conftest import ROOT, SCRIPT, Node, record
 from .test_network_policy import connects, probe_pod
 
-RUNS_LAST = True
+ORDER = 2  # last: it replaces the example release
 NS, RELEASE, GATEWAY, OUTSIDER = "rld-e2e-secure", "secure", "gateway", "rld-e2e-secure-outsider"
 CHART = ROOT / "charts" / "ray-llm-disagg"
 
