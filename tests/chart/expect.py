@@ -347,7 +347,9 @@ def check_pod_fields(r: Rendered, group: str) -> None:
     user = dict(gv["securityContext"] or {})
     if group != "head":
         caps = (sc.pop("capabilities", None) or {})
-        assert ("IPC_LOCK" in (caps.get("add") or [])) == bool(v["ipcLock"])
+        ipc_lock = v["efa"]["enabled"] if v["ipcLock"] is None else v["ipcLock"]  # null: with EFA only
+        user_adds = ((user.get("capabilities") or {}).get("add") or [])
+        assert ("IPC_LOCK" in (caps.get("add") or [])) == (bool(ipc_lock) or "IPC_LOCK" in user_adds)
         user_caps = user.pop("capabilities", None) or {}
         for k, val in user_caps.items():
             if k != "add":

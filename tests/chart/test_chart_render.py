@@ -51,6 +51,10 @@ MATRIX: dict[str, dict] = {
                        "prefill": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.4xlarge"}},
                        "decode": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.4xlarge"}}},
     "efa-off-no-ipc-lock": {"ipcLock": False},
+    "ipc-lock-forced-without-efa": {"ipcLock": True},
+    "efa-on-ipc-lock-off": {"efa": {"enabled": True}, "ipcLock": False,
+                            "prefill": {"tensorParallelSize": 8, **GPU8, "nodeSelector": P5},
+                            "decode": {"tensorParallelSize": 8, **GPU8, "nodeSelector": P5}},
     "autoscaling-prefill": {"prefill": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3},
                                         "idleTimeoutSeconds": 300}},
     "autoscaling-both-scale-to-zero": {

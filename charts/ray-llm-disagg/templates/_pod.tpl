@@ -170,13 +170,16 @@ env, on every group HF_TOKEN (a secretKeyRef, never inlined) and Serve's high-th
 {{- toYaml $res -}}
 {{- end -}}
 
-{{/* Security context of a group's Ray container ({root, group}; YAML): the user's, plus on workers IPC_LOCK (ipcLock) and privileged (efa.privileged). */}}
+{{/* Security context of a group's Ray container ({root, group}; YAML): the user's, plus on workers IPC_LOCK (ipcLock;
+null: with EFA only) and privileged (efa.privileged). */}}
 {{- define "ray-llm-disagg.securityContext" -}}
 {{- $V := .root.Values -}}
 {{- $sc := deepCopy (default dict (index $V .group).securityContext) -}}
 {{- if ne .group "head" -}}
 {{- if and $V.efa.enabled $V.efa.privileged -}}{{- $_ := set $sc "privileged" true -}}{{- end -}}
-{{- if $V.ipcLock -}}
+{{- $ipcLock := $V.ipcLock -}}
+{{- if kindIs "invalid" $ipcLock -}}{{- $ipcLock = $V.efa.enabled -}}{{- end -}}
+{{- if $ipcLock -}}
 {{- $caps := default dict (get $sc "capabilities") -}}
 {{- $add := default list (get $caps "add") -}}
 {{- if not (has "IPC_LOCK" $add) -}}{{- $add = append $add "IPC_LOCK" -}}{{- end -}}
