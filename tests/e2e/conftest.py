@@ -48,8 +48,10 @@ def pytest_collection_modifyitems(config, items):
     for item in mine:
         item.add_marker(pytest.mark.e2e)
     # modules that disturb the release run after the others (ORDER: pod deletions 1, replacing the release 2),
-    # so the others see it as `up` left it
-    items.sort(key=lambda i: getattr(i.module, "ORDER", 0) if i in mine else 0)
+    # so the others see it as `up` left it; the suite stays one block where it was (one `up`, one `down`)
+    ordered = iter(sorted(mine, key=lambda i: getattr(i.module, "ORDER", 0)))
+    mine_ids = {id(i) for i in mine}
+    items[:] = [next(ordered) if id(i) in mine_ids else i for i in items]
 
 
 def pytest_terminal_summary(terminalreporter):
