@@ -167,7 +167,9 @@ def test_zz_dead_engine_answers_503_instead_of_hanging(stack: LocalStack, http: 
     started = time.monotonic()
     response = http.post("/agg/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 4})
     elapsed = time.monotonic() - started
-    assert openai_error(response, 503)["code"] == "engine_unavailable"
+    # engine_unavailable when the replica already saw its engine dead; engine_failed_on_request when the request
+    # reached the engine before its death was noticed (the kill and the request race; both are a quick 503)
+    assert openai_error(response, 503)["code"] in {"engine_unavailable", "engine_failed_on_request"}
     assert elapsed < 150, f"took {elapsed:.0f} s"
     print(f"dead engine (direct streaming): HTTP 503 after {elapsed:.1f} s")
     assert http.post("/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 2}).status_code == 200
