@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -256,6 +257,21 @@ FUZZ_EXAMPLES = int(os.environ.get("RLD_FUZZ_EXAMPLES", "1000"))
 FUZZ_SEED = int(os.environ.get("RLD_FUZZ_SEED", "20261201"))
 
 
+def replica_traceback(stack: LocalStack, request_id: str, lines: int = 40) -> str:
+    """What the replicas logged for `request_id` (the 500's traceback stays in the ingress log, not the body):
+    so a CI failure shows its cause before the stack's logs are gone."""
+    if not request_id:
+        return "(no x-request-id on the response)"
+    found: list[str] = []
+    for log in sorted((stack.log_dir / "serve").glob("replica_*.log")):
+        text = log.read_text(errors="replace").splitlines()
+        for n, line in enumerate(text):
+            if request_id in line:
+                found.append(f"{log.name}: " + "\n".join(text[n:n + lines]))
+                break
+    return "\n".join(found) or f"(no replica log line names {request_id})"
+
+
 def test_fuzzed_requests_never_get_a_5xx(stack: LocalStack, http: httpx.Client) -> None:
     statuses: collections.Counter[int] = collections.Counter()
     failures: list[str] = []
@@ -282,7 +298,12 @@ def test_fuzzed_requests_never_get_a_5xx(stack: LocalStack, http: httpx.Client) 
         if "Traceback" in text or "RayTaskError" in text:
             problem = "traceback in the body"
         if problem:
-            failures.append(f"{problem}: {path} {body[:300]!r} -> {response.status_code} {text[:300]}")
+            failure = f"{problem}: {path} {body[:2000]!r} -> {response.status_code} {text[:300]}"
+            if response.status_code >= 500:
+                named = re.search(r"request id ([0-9A-Za-z-]+)", text)
+                rid = named.group(1) if named else response.headers.get("x-request-id", "")
+                failure += "\n" + replica_traceback(stack, rid)
+            failures.append(failure)
 
     send()
     sent = sum(statuses.values())
