@@ -1,7 +1,8 @@
 """One local stack shared by tests/loadtests (its `agg` app), tests/serve_app and tests/monitoring (`disagg`):
 starting a stack costs 2-4 min on 2 cores (issue 22: the suites' own time). tests/conftest.py runs the three
-suites back to back (tests/serve_app's last test breaks `agg` on purpose: loadtests go first); the stack starts for the first test that asks for it (fixture `serve_stack`) and stops
-right after the last one, before any other suite starts its own (two stacks do not fit 24 GB).
+suites back to back (tests/serve_app's last test breaks `agg` on purpose: loadtests go first); the stack starts
+for the first test that asks for it (fixture `serve_stack`) and stops right after the last one, before any other
+suite starts its own (two stacks do not fit 24 GB).
 
 The stack: loopback Ray (head + prefill + decode nodes), vLLM CPU engines, the tiny model, deployed by the demo's
 own launcher (devstack.stack) with two apps, auth on:
