@@ -131,12 +131,14 @@ class RoleWatch:
 
     async def confirmed_unavailable(self, role: str) -> Optional[RoleState]:
         """`unavailable(role)` as of a read of Serve that started after this call (shared by callers).
-        Waits for at most one read (bounded by `read_timeout_s`); when that read fails or finds no answer,
-        the last known state stands."""
+        Waits for at most two reads (a shared one already under way, then its own), each bounded by
+        `read_timeout_s`; when a read fails or finds no answer, the last known state stands."""
         if self.unavailable(role) is None:
             return None
         asked = self._clock()
-        if self._fresh_since < asked:
+        for _ in range(2):
+            if self._fresh_since >= asked:
+                break
             if self._refresh is None or self._refresh.done():
                 self._refresh = asyncio.ensure_future(self._read())
             await asyncio.shield(self._refresh)
