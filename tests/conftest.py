@@ -29,7 +29,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def serve_stack() -> "shared_stack.LocalStack":
-    """The stack tests/serve_app and tests/monitoring share (tests/shared_stack.py)."""
+    """The stack tests/loadtests, tests/serve_app and tests/monitoring share (tests/shared_stack.py)."""
     return _SHARED.get()
 
 

@@ -48,7 +48,7 @@ class SharedStack:
 
     def get(self) -> LocalStack:
         if self._failed is not None:  # one failed start fails every test that needs it, without retrying
-            raise RuntimeError(f"the shared serve_app/monitoring stack failed to start: {self._failed}")
+            raise RuntimeError(f"the stack shared by loadtests, serve_app and monitoring failed to start: {self._failed}")
         if self._stack is None:
             exit_stack = contextlib.ExitStack()
             try:
