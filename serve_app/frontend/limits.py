@@ -181,6 +181,9 @@ def _check_utf8(text: str, path: tuple[Union[str, int], ...]) -> None:
         ) from None
 
 
+VALIDATION_BUG_LOG = "validation raised an unexpected"
+
+
 def validate_request(
     data: dict[str, Any],
     kind: str,
@@ -191,6 +194,36 @@ def validate_request(
     raw: Optional[bytes] = None,
 ) -> Request:
     """The typed request for `kind` ("chat" | "completions"), or an OpenAIError (400/404).
+
+    Whatever the body, the answer is a 4xx: an exception the checks below did not anticipate is a defect in
+    them, triggered by this body alone, so the client gets a 400 (no internal text) and the operator an ERROR
+    line with the traceback (`VALIDATION_BUG_LOG`; the resilience fuzz fails on it)."""
+    try:
+        return _validate_request(data, kind, limits=limits, models=models, max_model_len=max_model_len, raw=raw)
+    except OpenAIError:
+        raise
+    except Exception as exc:  # the net of the docstring's second paragraph
+        logger.error(
+            "%s %s while checking a %s request body: answered 400. This is a bug in "
+            "serve_app/frontend/limits.py; report it with this traceback (the body is not logged).",
+            VALIDATION_BUG_LOG, type(exc).__name__, kind, exc_info=True,
+        )
+        raise invalid(
+            None, "The request body could not be validated; check it against the OpenAI API reference.",
+            code="invalid_request",
+        ) from None
+
+
+def _validate_request(
+    data: dict[str, Any],
+    kind: str,
+    *,
+    limits: LimitsSpec,
+    models: Iterable[str],
+    max_model_len: Optional[int],
+    raw: Optional[bytes],
+) -> Request:
+    """validate_request's checks, in order.
 
     Linear in the body: the key count first, then shapes and the per-token cost caps on the raw JSON (counts
     before items: a 400k-entry `stop` is refused without looking at its entries), then nesting and text
@@ -399,7 +432,9 @@ def check_costs(data: dict[str, Any], kind: str, limits: LimitsSpec) -> None:
 
 
 def _check_schema_size(param: str, value: Any, limits: LimitsSpec) -> None:
-    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    # The caps run before check_text, so client text may still hold lone surrogates here: count them
+    # (surrogatepass) rather than fail on them; check_text then refuses them with a 400 naming the path.
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
     if size > limits.max_schema_bytes:
         raise invalid(
             param,

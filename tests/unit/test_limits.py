@@ -215,6 +215,35 @@ def test_a_lone_surrogate_anywhere_is_a_400_naming_its_path(with_raw: bool) -> N
     assert error.param == "messages.0.content"
 
 
+SURROGATE = "a\ud800b"
+
+
+@pytest.mark.parametrize(
+    "data, param",
+    [
+        (chat(response_format={"type": "json_schema", "json_schema": {"name": SURROGATE}}), "response_format.json_schema.name"),
+        (chat(structured_outputs={"json": {"title": SURROGATE}}), "structured_outputs.json.title"),
+        (
+            chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {SURROGATE: {}}}}]),
+            f"tools.0.function.parameters.{SURROGATE}",
+        ),
+        (chat(stop=["x", SURROGATE]), "stop.1"),
+        (chat(bad_words=[SURROGATE]), "bad_words.0"),
+        (chat(logit_bias={SURROGATE: 1}), f"logit_bias.{SURROGATE}"),
+        (chat(messages=[{"role": "user", "name": SURROGATE, "content": "hi"}]), "messages.0.name"),
+    ],
+)
+def test_a_lone_surrogate_in_a_field_the_caps_measure_is_a_400_not_a_crash(data: dict[str, Any], param: str) -> None:
+    """The caps (schema bytes, counts) run before the text walk; a surrogate inside what they measure must
+    reach the walk's 400, not raise UnicodeEncodeError (a 500) while being measured. CI's fuzz found one in
+    `response_format`."""
+    raw = json.dumps(data).encode()  # ensure_ascii: the surrogate travels as \ud800, as a client sends it
+    for with_raw in (raw, None):
+        error = refuse(parse_json_object(raw), raw=with_raw)
+        assert error.status_code == 400 and "surrogate" in error.message, error.message
+        assert error.param == param
+
+
 def test_deep_nesting_is_a_400_naming_the_top_level_field() -> None:
     error = refuse(chat(metadata=json.loads("[" * 100 + "]" * 100)))
     assert error.param == "metadata" and "nests deeper" in error.message
@@ -234,3 +263,18 @@ def test_a_refused_count_never_walks_the_entries(monkeypatch: pytest.MonkeyPatch
     raw = json.dumps(chat(stop=["s"] * 400_000)).encode()
     assert refuse(parse_json_object(raw), raw=raw).param == "stop"
     assert walked == []
+
+
+def test_an_unanticipated_exception_in_the_checks_is_a_clean_400_and_an_error_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(data: dict[str, Any], kind: str, limits: LimitsSpec) -> None:
+        raise UnicodeEncodeError("utf-8", "secret-internal-text", 0, 1, "surrogates not allowed")
+
+    monkeypatch.setattr(limits_module, "check_costs", broken)
+    with caplog.at_level("ERROR"):
+        error = refuse(chat())
+    assert error.status_code == 400
+    assert "secret-internal-text" not in error.message and "Unicode" not in error.message
+    logged = [r for r in caplog.records if limits_module.VALIDATION_BUG_LOG in r.getMessage()]
+    assert logged and logged[0].exc_info is not None
