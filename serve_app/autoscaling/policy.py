@@ -163,43 +163,49 @@ def _role_decision(
     if s.running == 0 or s.reported == 0:
         st.over_since = st.under_since = None
         why = "no running replica yet" if s.running == 0 else "no engine signals reported yet"
-        return done(_clamp(current, s), "hold", why)
+        return done(_clamp(current, s), why)
 
     if pressure > 1:
         st.under_since = None
         st.over_since = st.over_since if st.over_since is not None else now
         if now - st.over_since < spec.upscale_delay_s:
-            return done(_clamp(current, s), "hold", f"{limiting} over for {now - st.over_since:.0f} s of "
+            return done(_clamp(current, s), f"{limiting} over for {now - st.over_since:.0f} s of "
                         f"upscale_delay_s {spec.upscale_delay_s:g}")
         wanted = max(current, math.ceil(s.running * pressure - 1e-9))
         if wanted > current and unreachable:
-            return done(_clamp(current, s), "hold", f"{limiting}, but {current - s.running} replica(s) asked "
+            return done(_clamp(current, s), f"{limiting}, but {current - s.running} replica(s) asked "
                         f"for have not started in {now - st.pending_since:.0f} s: not reachable, not raising")
         target = _clamp(wanted, s)
         if target > current:
             st.last_up_at, st.over_since = now, None
             capped = " (max_replicas)" if wanted > s.max_replicas else ""
             return done(target, f"{limiting} = x{pressure:.2f}{capped}")
-        why = "at max_replicas" if current >= s.max_replicas else f"{current - s.running} replica(s) still starting"
-        return done(_clamp(current, s), "hold", f"{limiting} = x{pressure:.2f}, {why}")
+        if unreachable:
+            why = (f"{current - s.running} replica(s) asked for have not started in {now - st.pending_since:.0f} s: "
+                   "not reachable")
+        elif current >= s.max_replicas:
+            why = "at max_replicas"
+        else:
+            why = f"{current - s.running} replica(s) still starting"
+        return done(_clamp(current, s), f"{limiting} = x{pressure:.2f}, {why}")
 
     st.over_since = None
     if pressure >= spec.scale_down_below:
         st.under_since = None
-        return done(_clamp(current, s), "hold", f"{limiting}: within the band")
+        return done(_clamp(current, s), f"{limiting}: within the band")
 
     st.under_since = st.under_since if st.under_since is not None else now
     quiet_since = max(st.under_since, st.last_up_at if st.last_up_at is not None else st.under_since)
     if current <= s.min_replicas:
-        return done(_clamp(current, s), "hold", f"{limiting}: low, at min_replicas")
+        return done(_clamp(current, s), f"{limiting}: low, at min_replicas")
     if s.running < s.min_replicas:
-        return done(_clamp(current, s), "hold", f"{limiting}: low, but only {s.running} of min_replicas "
+        return done(_clamp(current, s), f"{limiting}: low, but only {s.running} of min_replicas "
                     f"{s.min_replicas} running (healthy floor): no scale-down")
     if now - quiet_since < spec.downscale_delay_s:
-        return done(_clamp(current, s), "hold", f"{limiting}: low for {now - quiet_since:.0f} s of "
+        return done(_clamp(current, s), f"{limiting}: low for {now - quiet_since:.0f} s of "
                     f"downscale_delay_s {spec.downscale_delay_s:g}")
     st.under_since = now  # the next replica off waits another downscale_delay_s
-    return done(_clamp(current - 1, s), "down", f"{limiting}: every signal < {spec.scale_down_below:g} x target "
+    return done(_clamp(current - 1, s), f"{limiting}: every signal < {spec.scale_down_below:g} x target "
                 f"for {spec.downscale_delay_s:g} s")
 
 
