@@ -138,6 +138,7 @@ class CoupledPolicy:
             return
         self.state.last_log_at = now
         record = {
+            "t": round(now, 3),
             "app": app,
             "changed": decision.changed,
             "roles": {
