@@ -526,9 +526,9 @@ class CoupledAutoscalingSpec(StrictModel):
     )
     look_back_period_s: float = Field(
         default=30,
-        gt=0,
+        gt=10,
         description="Window over which Ray Serve averages each replica's reported signals (the roles' "
-        "autoscaling_config.look_back_period_s).",
+        "autoscaling_config.look_back_period_s); Ray 2.58 wants it above its metrics_interval_s (10 s).",
     )
     log_every_s: float = Field(
         default=60, gt=0, description="A decision that changes nothing is logged at most this often."

@@ -26,7 +26,7 @@ COUPLED = {
         "prefill": {"waiting_per_replica": 2, "ttft_s": 60},
         "decode": {"running_per_replica": 4, "waiting_per_replica": 8, "itl_s": 10, "kv_cache_usage": 0.9},
         "downscale_delay_s": DOWNSCALE_DELAY_S,
-        "look_back_period_s": 8,
+        "look_back_period_s": 12,
         "log_every_s": 5,
     },
 }

@@ -70,6 +70,7 @@ BAD = [
     ("band-not-below-one", {"autoscaling": {"scaleDownBelow": 1}}, "autoscaling.scaleDownBelow", "exclusiveMaximum"),
     ("kv-target-above-one", {"autoscaling": {"decode": {"kvCacheUsage": 1.5}}}, "autoscaling.decode.kvCacheUsage",
      "maximum"),
+    ("short-look-back", {"autoscaling": {"lookBackPeriodS": 5}}, "autoscaling.lookBackPeriodS", "exclusiveMinimum"),
     ("negative-delay", {"autoscaling": {"downscaleDelayS": -1}}, "autoscaling.downscaleDelayS", "minimum"),
     ("typo", {"autoscaling": {"ratios": {"max": 2}}}, "autoscaling.ratios", "additional properties"),
 ]

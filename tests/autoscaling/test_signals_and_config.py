@@ -87,6 +87,7 @@ def app(mode: str = "coupled", *, aggregated: bool = False, prefill_auto=True, d
     (app(ratio={"max": 0.2}), "autoscaling.ratio.max (0.2): prefill.autoscaling.min_replicas (1) over"),
     (app(ratio={"min": 5}), "autoscaling.ratio.min (5.0): prefill.autoscaling.max_replicas (4) over"),
     (app(scale_down_below=1), "scale_down_below"),
+    (app(look_back_period_s=8), "look_back_period_s"),  # Ray 2.58 warns it will refuse <= metrics_interval_s
     (app("sometimes"), "autoscaling.mode"),
 ])
 def test_bad_combinations_are_refused_naming_the_key(args, message):
