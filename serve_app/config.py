@@ -589,6 +589,12 @@ class AppConfig(StrictModel):
                         f"{role}.autoscaling.enabled: autoscaling.mode coupled scales both roles; enable "
                         f"{role}.autoscaling (its min_replicas/max_replicas are the policy's bounds for {role})"
                     )
+                assert spec.autoscaling is not None
+                if spec.autoscaling.min_replicas < 1:
+                    raise ValueError(
+                        f"{role}.autoscaling.min_replicas: must be >= 1 with autoscaling.mode coupled; the policy "
+                        f"scales on what running engines report, and a role at 0 replicas reports nothing"
+                    )
             self._check_ratio_reachable()
         elif mode == "off":
             for role, spec in self.roles().items():

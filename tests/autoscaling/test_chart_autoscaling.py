@@ -56,6 +56,8 @@ BAD = [
      "decode.autoscaling.enabled", "coupled scales both roles"),
     ("coupled-aggregated", {**roles(), "mode": "aggregated", "autoscaling": {"mode": "coupled"}},
      "mode", "mode aggregated has one role"),
+    ("coupled-from-zero", {**roles(dmin=0), "autoscaling": {"mode": "coupled"}},
+     "decode.autoscaling.minReplicas", "0 replicas reports nothing"),
     ("off-with-autoscaled-decode", {**roles(enabled=(False, True)), "autoscaling": {"mode": "off"}},
      "decode.autoscaling.enabled", "autoscaling.mode off runs fixed replicas"),
     ("yaml-off-with-autoscaled-prefill", {**roles(enabled=(True, False)), "autoscaling": {"mode": False}},

@@ -81,6 +81,8 @@ def app(mode: str = "coupled", *, aggregated: bool = False, prefill_auto=True, d
     (app(prefill_auto=False), "prefill.autoscaling.enabled: autoscaling.mode coupled scales both roles"),
     (app(decode_auto=False), "decode.autoscaling.enabled: autoscaling.mode coupled scales both roles"),
     (app(aggregated=True), "autoscaling.mode: coupled scales prefill and decode together"),
+    ({**app(), "prefill": {"autoscaling": {"enabled": True, "min_replicas": 0, "max_replicas": 2}}},
+     "prefill.autoscaling.min_replicas: must be >= 1 with autoscaling.mode coupled"),
     (app("off"), "prefill.autoscaling.enabled: true conflicts with autoscaling.mode off"),
     (app("off", prefill_auto=False), "decode.autoscaling.enabled: true conflicts with autoscaling.mode off"),
     (app(ratio={"min": 2, "max": 1}), "autoscaling.ratio.min (2.0) must be <= autoscaling.ratio.max (1.0)"),
