@@ -1,5 +1,5 @@
 # Front door. `make demo` and `make test` are the README's two quick-start commands.
-.PHONY: demo test test-chart test-serve-app test-direct test-cluster test-loadtests test-resilience test-monitoring test-e2e toolchain pyenv cluster-up cluster-down e2e-up e2e-down bench bench-ttft values-doc values-schema
+.PHONY: demo test test-chart test-serve-app test-direct test-cluster test-loadtests test-resilience test-monitoring test-autoscaling test-e2e toolchain pyenv cluster-up cluster-down e2e-up e2e-down bench bench-ttft values-doc values-schema
 
 demo:            ## serve a tiny CPU model, disaggregated, on http://127.0.0.1:8000/v1 (Ctrl-C stops); DEMO_ARGS="--exit-when-ready ..."
 	hack/demo.sh $(DEMO_ARGS)
@@ -7,7 +7,7 @@ demo:            ## serve a tiny CPU model, disaggregated, on http://127.0.0.1:8
 test:            ## every test suite; installs tools and Python deps on first run
 	hack/test.sh
 
-test-chart test-serve-app test-direct test-cluster test-loadtests test-resilience test-monitoring test-e2e:
+test-chart test-serve-app test-direct test-cluster test-loadtests test-resilience test-monitoring test-autoscaling test-e2e:
 	hack/test.sh tests/$(subst -,_,$(patsubst test-%,%,$@))
 
 toolchain:       ## build helm, ct, kubeconform, kwok, KubeRay and the control plane into the cache

@@ -197,6 +197,7 @@ TESTS_OBSERVABILITY = PortPlan(http=18400, base=15000)
 BENCH = PortPlan(http=18500, base=16000)
 TESTS_FIRST_RUN = PortPlan(http=18600, base=17000)
 TESTS_DIRECT = PortPlan(http=18700, base=19000)
+TESTS_AUTOSCALING = PortPlan(http=18800, base=21000)
 
 NAMED_PLANS = {
     "demo": DEMO,
@@ -207,6 +208,7 @@ NAMED_PLANS = {
     "bench": BENCH,
     "tests-first-run": TESTS_FIRST_RUN,
     "tests-direct": TESTS_DIRECT,
+    "tests-autoscaling": TESTS_AUTOSCALING,
 }
 # Ports other local tools of this repo listen on (hack/cluster.sh: RLD_PORT_BASE + 1..6).
 OTHER_TOOLS = {"hack/cluster.sh control plane": range(26401, 26407)}

@@ -71,13 +71,17 @@ def serve_deploy_config(applications: dict[str, dict[str, Any]], *, http_port: i
 
     `applications` maps an app name to {"route_prefix": ..., "args": ...}.
     """
+    def application(name: str, app: dict[str, Any]) -> dict[str, Any]:
+        entry = {"name": name, "route_prefix": app["route_prefix"], "import_path": IMPORT_PATH, "args": app["args"]}
+        policy = AppConfig.model_validate(app["args"]).app_autoscaling_policy()  # autoscaling.mode coupled
+        if policy is not None:
+            entry["autoscaling_policy"] = policy
+        return entry
+
     return {
         "proxy_location": "HeadOnly",  # every node shares one IP: one proxy, on the head
         "http_options": {"host": "127.0.0.1", "port": http_port},
-        "applications": [
-            {"name": name, "route_prefix": app["route_prefix"], "import_path": IMPORT_PATH, "args": app["args"]}
-            for name, app in applications.items()
-        ],
+        "applications": [application(name, app) for name, app in applications.items()],
     }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Role = Literal["prefill", "decode"]
 
@@ -420,6 +420,126 @@ class StreamingSpec(StrictModel):
     )
 
 
+class PrefillTargets(StrictModel):
+    """What prefill should achieve; prefill is limited by compute, so it scales on its queue and TTFT."""
+
+    ttft_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Recent time to first token on the prefill engines (their queue + the prompt's prefill, "
+        "vLLM's own measure, mean over the look-back window) above which prefill scales up.",
+    )
+    waiting_per_replica: float = Field(
+        default=4,
+        gt=0,
+        description="Requests waiting in the prefill engines' queues, per running replica, above which prefill "
+        "scales up.",
+    )
+
+
+class DecodeTargets(StrictModel):
+    """What decode should achieve; decode is limited by KV-cache memory and bandwidth."""
+
+    itl_s: float = Field(
+        default=0.1,
+        gt=0,
+        description="Recent inter-token latency on the decode engines (vLLM's measure, mean over the look-back "
+        "window) above which decode scales up.",
+    )
+    kv_cache_usage: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Share of the decode engines' KV cache in use (mean over replicas) above which decode "
+        "scales up.",
+    )
+    waiting_per_replica: float = Field(
+        default=2,
+        gt=0,
+        description="Sequences waiting in the decode engines' queues (no KV-cache room yet, or their KV still "
+        "arriving), per running replica, above which decode scales up.",
+    )
+    running_per_replica: Optional[float] = Field(
+        default=None,
+        gt=0,
+        description="Sequences running per decode replica above which decode scales up (unset: not a signal; "
+        "set it to the batch size at which your ITL target still holds).",
+    )
+
+
+class RatioSpec(StrictModel):
+    """Bounds on prefill replicas / decode replicas; the coupled policy raises the other role (or holds this one)
+    to stay within them."""
+
+    min: Optional[float] = Field(default=None, gt=0, description="Least prefill:decode replica ratio (unset: none).")
+    max: Optional[float] = Field(default=None, gt=0, description="Largest prefill:decode replica ratio (unset: none).")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "RatioSpec":
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"autoscaling.ratio.min ({self.min}) must be <= autoscaling.ratio.max ({self.max})")
+        return self
+
+
+# The application-level policy Ray Serve imports in `coupled` mode (serveConfigV2 applications[].autoscaling_policy).
+COUPLED_POLICY_FUNCTION = "serve_app.autoscaling.entry:CoupledPolicy"
+
+
+class CoupledAutoscalingSpec(StrictModel):
+    """How the engine roles scale (docs/autoscaling.md).
+
+    `perDeployment`: each role with `<role>.autoscaling.enabled` scales alone on Ray Serve's request-count
+    policy (`target_ongoing_requests`). `coupled`: one application-level policy sets prefill and decode together
+    from what the engines report (prefill: queue and TTFT; decode: KV-cache use, running/waiting sequences and
+    ITL), within each role's `autoscaling` min/max and the prefill:decode `ratio`. `off`: fixed `replicas`."""
+
+    mode: Literal["coupled", "perDeployment", "off"] = Field(
+        default="perDeployment",
+        description="coupled: one policy scales prefill and decode together on engine signals (both roles need "
+        "autoscaling.enabled; their min/maxReplicas are its bounds); perDeployment: each autoscaled role on Ray "
+        "Serve's request-count policy; off: every role runs its fixed replicas.",
+    )
+    prefill: PrefillTargets = Field(default_factory=PrefillTargets)
+    decode: DecodeTargets = Field(default_factory=DecodeTargets)
+    ratio: RatioSpec = Field(default_factory=RatioSpec)
+    scale_down_below: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="Hysteresis: a role scales down only while every signal is below this share of its target "
+        "(and scales up once any is above it); in between it holds.",
+    )
+    upscale_delay_s: float = Field(
+        default=0, ge=0, description="How long a role must stay over a target before it scales up (fast: 0)."
+    )
+    downscale_delay_s: float = Field(
+        default=120,
+        ge=0,
+        description="How long a role must stay below its targets (and since its last scale-up) before it "
+        "scales down, one replica at a time (slow).",
+    )
+    placement_timeout_s: float = Field(
+        default=300,
+        gt=0,
+        description="A role whose target replicas have not all started within this long is 'not reachable' (its "
+        "pool cannot place more): the policy stops raising it and reports it (ray_rld_role_target_unreachable).",
+    )
+    look_back_period_s: float = Field(
+        default=30,
+        gt=10,
+        description="Window over which Ray Serve averages each replica's reported signals (the roles' "
+        "autoscaling_config.look_back_period_s); Ray 2.58 wants it above its metrics_interval_s (10 s).",
+    )
+    log_every_s: float = Field(
+        default=60, gt=0, description="A decision that changes nothing is logged at most this often."
+    )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # an unquoted `off` in YAML 1.1 (Helm's values) is false
+
+
 class AppConfig(StrictModel):
     """The whole serve app: one model, served aggregated or disaggregated."""
 
@@ -452,6 +572,64 @@ class AppConfig(StrictModel):
     failover: FailoverSpec = Field(default_factory=FailoverSpec)
     containment: ContainmentSpec = Field(default_factory=ContainmentSpec)
     overflow: OverflowSpec = Field(default_factory=OverflowSpec)
+    autoscaling: CoupledAutoscalingSpec = Field(default_factory=CoupledAutoscalingSpec)
+
+    @model_validator(mode="after")
+    def _check_autoscaling_mode(self) -> "AppConfig":
+        mode = self.autoscaling.mode
+        if mode == "coupled":
+            if self.mode != "disaggregated":
+                raise ValueError(
+                    "autoscaling.mode: coupled scales prefill and decode together and needs mode disaggregated; "
+                    "with one role use perDeployment"
+                )
+            for role, spec in self.roles().items():
+                if not spec.autoscaled:
+                    raise ValueError(
+                        f"{role}.autoscaling.enabled: autoscaling.mode coupled scales both roles; enable "
+                        f"{role}.autoscaling (its min_replicas/max_replicas are the policy's bounds for {role})"
+                    )
+                assert spec.autoscaling is not None
+                if spec.autoscaling.min_replicas < 1:
+                    raise ValueError(
+                        f"{role}.autoscaling.min_replicas: must be >= 1 with autoscaling.mode coupled; the policy "
+                        f"scales on what running engines report, and a role at 0 replicas reports nothing"
+                    )
+            self._check_ratio_reachable()
+        elif mode == "off":
+            for role, spec in self.roles().items():
+                if spec.autoscaled:
+                    raise ValueError(
+                        f"{role}.autoscaling.enabled: true conflicts with autoscaling.mode off; set it false "
+                        f"(the role runs {role}.replicas) or use autoscaling.mode perDeployment or coupled"
+                    )
+        return self
+
+    def _check_ratio_reachable(self) -> None:
+        assert self.prefill is not None and self.prefill.autoscaling and self.decode.autoscaling
+        p, d, ratio = self.prefill.autoscaling, self.decode.autoscaling, self.autoscaling.ratio
+        if ratio.max is not None and p.min_replicas > ratio.max * d.max_replicas:
+            raise ValueError(
+                f"autoscaling.ratio.max ({ratio.max}): prefill.autoscaling.min_replicas ({p.min_replicas}) over "
+                f"decode.autoscaling.max_replicas ({d.max_replicas}) is already above it; no replica counts "
+                "within the bounds satisfy it"
+            )
+        if ratio.min is not None and p.max_replicas < ratio.min * max(d.min_replicas, 1):
+            raise ValueError(
+                f"autoscaling.ratio.min ({ratio.min}): prefill.autoscaling.max_replicas ({p.max_replicas}) over "
+                f"decode.autoscaling.min_replicas ({max(d.min_replicas, 1)}) is already below it; no replica "
+                "counts within the bounds satisfy it"
+            )
+
+    def app_autoscaling_policy(self) -> Optional[dict[str, Any]]:
+        """serveConfigV2 `applications[].autoscaling_policy` for this app (coupled mode), else None. The chart
+        renders the same (tests/autoscaling checks that they agree)."""
+        if self.autoscaling.mode != "coupled":
+            return None
+        return {
+            "policy_function": COUPLED_POLICY_FUNCTION,
+            "policy_kwargs": {"autoscaling": self.autoscaling.model_dump(mode="json")},
+        }
 
     @model_validator(mode="after")
     def _check_admission_fits_frontend(self) -> "AppConfig":

@@ -60,7 +60,16 @@ def deployment_config(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, An
     config: dict[str, Any] = {}
     if spec.autoscaled:
         assert spec.autoscaling is not None
-        config["autoscaling_config"] = spec.autoscaling.model_dump(exclude={"enabled"})
+        autoscaling = spec.autoscaling.model_dump(exclude={"enabled"})
+        if app.autoscaling.mode == "coupled":
+            # The application-level policy (serve_app/autoscaling) decides both roles, with its own hysteresis;
+            # Ray's per-deployment delays would hold one role while the other moved and break their ratio.
+            autoscaling.update(
+                upscale_delay_s=0,
+                downscale_delay_s=0,
+                look_back_period_s=app.autoscaling.look_back_period_s,
+            )
+        config["autoscaling_config"] = autoscaling
     else:
         config["num_replicas"] = spec.replicas
     if app.placement.pin_roles:

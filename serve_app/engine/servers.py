@@ -32,6 +32,8 @@ from ray.serve.llm import LLMConfig
 
 from ray.llm._internal.serve.utils.batcher import Batcher
 
+from serve_app.autoscaling import signals as engine_signals
+from serve_app.autoscaling.signals import EngineSignals
 from serve_app.telemetry import hops
 from serve_app.engine.batching import StreamBatcher, stamp_first
 from serve_app.telemetry.hops import HopClock
@@ -60,9 +62,24 @@ class _MeteredMixin:
     """Per-request metrics for an LLMServer subclass (labels: this replica's mode and role)."""
 
     _metrics: RequestMetrics
+    _engine_signals: Optional[EngineSignals] = None
+    _engine_signals_tried: bool = False
 
     def _init_metrics(self, llm_config: LLMConfig, *, mode: str, role: str) -> None:
         self._metrics = RequestMetrics(model=llm_config.model_id, mode=mode, role=role)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's custom autoscaling metrics hook (called for autoscaled deployments): this replica's engine
+        signals for the coupled policy (serve_app/autoscaling/signals.py); {} until the engine runs."""
+        client = getattr(getattr(self, "engine", None), "_engine_client", None)
+        if client is None:
+            return {}
+        if not self._engine_signals_tried:
+            self._engine_signals_tried = True
+            self._engine_signals = engine_signals.attach(client)
+        if self._engine_signals is None:
+            return {}
+        return self._engine_signals.snapshot(idle=engine_signals.idle(client))
 
     def _metered(self, chunks: AsyncIterator[Any], request: Request, clock: HopClock, path: Path):
         return self._metrics.observe(chunks, clock, path=path, stream=bool(request.stream))

@@ -13,7 +13,7 @@ import re
 
 import yaml
 
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, CoupledAutoscalingSpec
 
 from .conftest import CHART, Rendered, container, env_of, ports_of
 
@@ -578,6 +578,22 @@ def check_serve_config(r: Rendered) -> AppConfig:
     # the admission queue fits under what Serve lets reach a frontend replica (the app's own split)
     in_flight, queued = cfg.admission_limits()
     assert in_flight + queued + (o.max_in_flight if o.enabled else 0) <= cfg.frontend.max_ongoing_requests
+    # autoscaling: the values as they are (YAML's false is off); coupled mode adds the app-level policy, the same
+    # one serve_app builds for the local stack
+    av = v["autoscaling"]
+    assert cfg.autoscaling.mode == ("off" if av["mode"] is False else av["mode"])
+    for key in ("scaleDownBelow", "upscaleDelayS", "downscaleDelayS", "placementTimeoutS", "lookBackPeriodS"):
+        assert getattr(cfg.autoscaling, snake(key)) == av[key], f"autoscaling.{key}"
+    for block in ("prefill", "decode", "ratio"):
+        for key, val in av[block].items():
+            assert getattr(getattr(cfg.autoscaling, block), snake(key)) == val, f"autoscaling.{block}.{key}"
+    assert ("autoscaling_policy" in app) == (cfg.autoscaling.mode == "coupled")
+    if "autoscaling_policy" in app:
+        want = cfg.app_autoscaling_policy()
+        assert app["autoscaling_policy"]["policy_function"] == want["policy_function"]
+        assert set(app["autoscaling_policy"]["policy_kwargs"]) == {"autoscaling"}
+        kwargs = CoupledAutoscalingSpec.model_validate(app["autoscaling_policy"]["policy_kwargs"]["autoscaling"])
+        assert kwargs == cfg.autoscaling, "the policy must get the app's own autoscaling section"
     return cfg
 
 

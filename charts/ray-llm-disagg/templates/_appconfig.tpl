@@ -9,6 +9,9 @@ stay unset. Then the chart fills what it derives:
   - <role>.accelerator_type when empty (from the role's instance type; none on CPU)
   - auth.api_keys_file from auth.apiKeySecret (the Secret mounted on every Ray pod)
   - overflow.api_key_file from overflow.apiKeySecret (likewise)
+  - autoscaling.mode off when values hold YAML's false (an unquoted `off`)
+and, with autoscaling.mode coupled, the application's `autoscaling_policy` (the coupled policy, its kwargs the
+args' autoscaling section).
 */}}
 
 {{/* Mirror of one level ({fields, values}; JSON). */}}
@@ -56,12 +59,19 @@ stay unset. Then the chart fills what it derives:
 {{- $_ := set $overflow "api_key_file" (printf "%s/%s" (include "ray-llm-disagg.overflowKeyDir" .) $V.overflow.apiKeySecret.key) -}}
 {{- $_ := set $args "overflow" $overflow -}}
 {{- end -}}
+{{- $as := $args.autoscaling -}}
+{{- if and $as (kindIs "bool" $as.mode) -}}{{- $_ := set $as "mode" "off" -}}{{- end -}}
 {{- toYaml $args -}}
 {{- end -}}
 
 {{/* serveConfigV2 (YAML): Serve's HTTP options and the one application. */}}
 {{- define "ray-llm-disagg.serveConfigV2" -}}
 {{- $http := merge (dict "host" "0.0.0.0" "port" (int .Values.serve.port)) (deepCopy (default dict .Values.serve.httpOptions)) -}}
-{{- $app := dict "name" .Values.serve.appName "route_prefix" .Values.serve.routePrefix "import_path" .Values.serve.importPath "args" (include "ray-llm-disagg.appArgs" . | fromYaml) -}}
+{{- $args := include "ray-llm-disagg.appArgs" . | fromYaml -}}
+{{- $app := dict "name" .Values.serve.appName "route_prefix" .Values.serve.routePrefix "import_path" .Values.serve.importPath "args" $args -}}
+{{- if eq (toString .Values.autoscaling.mode) "coupled" -}}
+{{- /* Ray Serve's application-level policy (serve_app.config.AppConfig.app_autoscaling_policy builds the same) */ -}}
+{{- $_ := set $app "autoscaling_policy" (dict "policy_function" "serve_app.autoscaling.entry:CoupledPolicy" "policy_kwargs" (dict "autoscaling" $args.autoscaling)) -}}
+{{- end -}}
 {{- toYaml (dict "http_options" $http "applications" (list $app)) -}}
 {{- end -}}

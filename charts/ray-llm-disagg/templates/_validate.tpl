@@ -185,6 +185,22 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- end -}}
 {{- end -}}
 
+{{- /* Coupled autoscaling: the prefill:decode ratio bounds must be reachable within the roles' bounds */ -}}
+{{- $ratio := $V.autoscaling.ratio -}}
+{{- if and $ratio (not (kindIs "invalid" $ratio.min)) (not (kindIs "invalid" $ratio.max)) (gt (float64 $ratio.min) (float64 $ratio.max)) -}}
+{{- $errs = append $errs (printf "autoscaling.ratio.min: %v is greater than autoscaling.ratio.max (%v)." $ratio.min $ratio.max) -}}
+{{- end -}}
+{{- if and $disagg (eq (toString $V.autoscaling.mode) "coupled") $V.prefill.autoscaling.enabled $V.decode.autoscaling.enabled -}}
+{{- $pa := $V.prefill.autoscaling -}}
+{{- $da := $V.decode.autoscaling -}}
+{{- if and (not (kindIs "invalid" $ratio.max)) (gt (float64 $pa.minReplicas) (mulf (float64 $ratio.max) (float64 $da.maxReplicas))) -}}
+{{- $errs = append $errs (printf "autoscaling.ratio.max: %v cannot hold: prefill.autoscaling.minReplicas (%d) over decode.autoscaling.maxReplicas (%d) is already above it. Raise autoscaling.ratio.max or decode.autoscaling.maxReplicas, or lower prefill.autoscaling.minReplicas." $ratio.max (int $pa.minReplicas) (int $da.maxReplicas)) -}}
+{{- end -}}
+{{- if and (not (kindIs "invalid" $ratio.min)) (lt (float64 $pa.maxReplicas) (mulf (float64 $ratio.min) (float64 (max 1 (int $da.minReplicas))))) -}}
+{{- $errs = append $errs (printf "autoscaling.ratio.min: %v cannot hold: prefill.autoscaling.maxReplicas (%d) over decode.autoscaling.minReplicas (%d) is already below it. Lower autoscaling.ratio.min or decode.autoscaling.minReplicas, or raise prefill.autoscaling.maxReplicas." $ratio.min (int $pa.maxReplicas) (max 1 (int $da.minReplicas))) -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* Disaggregation: what vLLM's NIXL KV transfer supports (PP limits are in the schema) */ -}}
 {{- if $disagg -}}
 {{- $p := $V.prefill -}}
