@@ -134,13 +134,18 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="base of the clients' prompt seeds")
     p.add_argument("--profile", action="append", default=[], metavar="WORKLOAD@RATE",
                    help="sample the serving processes during this step (CPU per process, py-spy); repeatable")
-    p.add_argument("--profile-s", type=int, default=30, help="seconds sampled, ending 5 s before the window ends")
+    p.add_argument("--profile-s", type=int, default=30, help="seconds sampled, ending with the arrival window")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
                    help="vLLM engine argument for every mode, direct vLLM included; repeatable")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=BASE:PATH=JSON[;PATH=JSON]",
                    help="one more app mode: BASE (an app mode) with these AppConfig overrides; list NAME in --modes")
     p.add_argument("--cluster-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of every Ray process of the app's cluster; repeatable")
+    p.add_argument("--only", action="append", default=[], metavar="MODE=WORKLOAD@RATE[,WORKLOAD@RATE]",
+                   help="run only these steps of MODE (e.g. a variant measured at one rate); repeatable")
+    p.add_argument("--warm-up", type=int, default=2, help="closed-loop requests before each mode's workload")
+    p.add_argument("--workload-rates", action="append", default=[], metavar="WORKLOAD=R1,R2",
+                   help="this workload's offered rates instead of --rates; repeatable")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     cpu = a.device == "cpu"
@@ -163,6 +168,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     a.cluster_env = dict(e.split("=", 1) for e in a.cluster_env)
     a.clients = a.clients or (1 if cpu else 4)
     a.profile = {tuple(x.split("@")) for x in a.profile}
+    a.only = {m: {tuple(x.split("@")) for x in steps.split(",")} for m, _, steps in (o.partition("=") for o in a.only)}
+    a.rates_of = {w: [float(r) for r in rates.split(",") if r]
+                  for w, _, rates in (x.partition("=") for x in a.workload_rates)}
     table = CPU_WORKLOADS if cpu else WORKLOADS
     a.workloads = [w for w in (a.workloads or ",".join(list(table)[:2])).split(",") if w]
     if bad := [w for w in a.workloads if w not in table]:
@@ -283,6 +291,10 @@ def measure(records: list[dict[str, Any]], *, workload: str, mode: str, rate: fl
         return Step(workload, mode, rate, gpus, 0, 0, 0.0, 0.0, math.nan, math.nan, math.nan, math.nan, 1.0)
     t0 = min(r["start"] for r in records)
     window = [r for r in records if r["start"] <= t0 + duration]
+    # Arrivals span a little less than `duration` (each client starts its -t clock before its first request):
+    # rates are per second of the arrival window actually covered.
+    span = max(r["start"] for r in window) - t0
+    seconds = span if span >= duration / 2 else duration
     ok = [r for r in window if r["ok"] and r["ttft_ms"] is not None]
     good = [r for r in ok if r["ttft_ms"] <= slo_ttft_ms and (r["itl_ms"] or 0.0) <= slo_tpot_ms]
     ttft = [r["ttft_ms"] for r in ok]
@@ -295,7 +307,7 @@ def measure(records: list[dict[str, Any]], *, workload: str, mode: str, rate: fl
     hop_p50 = ({h: median([t[h] for t in traced if h in t]) for h in hops.SEGMENTS if any(h in t for t in traced)}
                if traced else None)
     return Step(workload, mode, rate, gpus, requests=len(window), ok=len(ok),
-                achieved_rps=len(ok) / duration, goodput_rps=len(good) / duration,
+                achieved_rps=len(ok) / seconds, goodput_rps=len(good) / seconds,
                 ttft_p50_ms=percentile(ttft, 50), ttft_p95_ms=percentile(ttft, 95),
                 tpot_p50_ms=percentile(tpot, 50), tpot_p95_ms=percentile(tpot, 95),
                 error_rate=1 - len(ok) / len(window), hops_p50_ms=hop_p50, tpot_p50_ci95_ms=median_ci95(tpot),
@@ -309,12 +321,16 @@ def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Pa
     """`processes()`: the serving processes by label (bench/gpu/procprof.py), for --profile steps."""
     steps: list[Step] = []
     for workload, sizes in a.workload_sizes.items():
+        only = a.only.get(mode)
+        rates = [r for r in a.rates_of.get(workload, a.rates) if only is None or (workload, f"{r:g}") in only]
+        if not rates:
+            continue
         calibration = out / f"calibration-{mode}-{workload}.json"
         warm = [run_locust(url, 0, sizes, 0, out / f"{mode}-{workload}-warmup-{i}", "", calibration,
-                           seed=a.seed + 999, drain_s=0, warm_up=3) for i, url in enumerate(urls)]
+                           seed=a.seed + 999, drain_s=0, warm_up=a.warm_up) for i, url in enumerate(urls)]
         for proc in warm:
             proc.wait(timeout=900)
-        for rate in a.rates:
+        for rate in rates:
             tag = f"{mode}-{workload}-r{rate:g}"
             prefixes, procs = [], []
             for i, url in enumerate(urls):
@@ -328,7 +344,7 @@ def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Pa
             profile = None
             if (workload, f"{rate:g}") in a.profile and processes is not None:
                 seconds = min(a.profile_s, a.duration - 10)
-                profile = StepProfile(processes(), out, tag, delay_s=a.duration - 5 - seconds, seconds=seconds).start()
+                profile = StepProfile(processes(), out, tag, delay_s=a.duration - seconds, seconds=seconds).start()
             for proc in procs:
                 proc.wait(timeout=a.duration + a.drain_s + 300)
             client_cpu = cpu.stop()

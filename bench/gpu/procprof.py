@@ -176,7 +176,7 @@ class StepProfile:
         before = {name: _cpu(p) for name, p in self.procs.items()}
         t0 = time.monotonic()
         for name, p in self.procs.items():
-            if spy and PYTHON_LABELS.match(name):
+            if spy and PYTHON_LABELS.match(name.split("#", 1)[0]):
                 dest = self.out / f"pyspy-{self.tag}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.txt"
                 spies.append((name, dest, subprocess.Popen(
                     [spy, "record", "--pid", str(p.pid), "--duration", str(int(self.seconds)), "--rate",
@@ -198,8 +198,8 @@ class StepProfile:
             entry = result["processes"][name]
             if dest.exists():
                 entry.update(summarize_collapsed(dest.read_text(errors="replace")))
-            else:
-                entry["py_spy_error"] = err.decode(errors="replace")[-500:]
+            if not entry.get("samples"):
+                entry["py_spy_stderr"] = err.decode(errors="replace")[-500:]
         (self.out / f"profile-{self.tag}.json").write_text(json.dumps(result, indent=1))
         self._result = result
 

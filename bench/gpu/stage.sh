@@ -2,7 +2,7 @@
 # bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
 #
 #   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
-#                      [--piece-mib 62] [--with-locust] [--with-py-spy]
+#                      [--piece-mib 62] [--with-locust] [--with-py-spy] [--xz-level 6]
 #
 # The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
 # nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
@@ -20,7 +20,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62 locust=no pyspy=no
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62 locust=no pyspy=no level=6
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
     --piece-mib) piece_mib=$2; shift 2 ;;
     --with-locust) locust=yes; shift ;;
     --with-py-spy) pyspy=yes; shift ;;
+    --xz-level) level=$2; shift 2 ;;  # 1: several times faster on a busy machine, a little larger
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -71,7 +72,7 @@ mkdir "$S/site"
    vllm/third_party/deep_gemm/include hf_transfer virtualenv/seed/wheels nixl_cu13.libs/ucx/libucx_perftest*
  find . -name __pycache__ -prune -exec rm -rf {} +)
 log "site tree $(du -sh "$S/site" | cut -f1); compressing"
-tar -cf - -C "$S/site" . | xz -T0 -6 > "$S/bundle.tar.xz"
+tar -cf - -C "$S/site" . | xz -T0 "-$level" > "$S/bundle.tar.xz"
 size=$(stat -c %s "$S/bundle.tar.xz")
 pieces=$(( (size + piece_mib * 1048576 - 1) / (piece_mib * 1048576) ))
 split -n "$pieces" -d "$S/bundle.tar.xz" "$S/bundle.tar.xz."
