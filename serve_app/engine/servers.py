@@ -33,9 +33,9 @@ from ray.serve.llm import LLMConfig
 from ray.llm._internal.serve.utils.batcher import Batcher
 
 from serve_app.telemetry import hops
-from serve_app.engine.batching import StreamBatcher, stamp_first
+from serve_app.engine.batching import StreamBatcher, StreamLoad, stamp_first
 from serve_app.telemetry.hops import HopClock
-from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY
+from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY, STREAM_MAX_INTERVAL_MS, STREAM_MAX_MESSAGES_PER_S
 from serve_app.config import FailoverSpec
 from serve_app.engine.direct import DirectIngressMixin
 from serve_app.engine.failover import PrefillFailover
@@ -69,12 +69,20 @@ class _MeteredMixin:
 
     def _batch_output_stream(self, generator: AsyncIterator[Any]):
         """Ray's hook for batching a streamed engine response: stamp the engine's first chunk on the
-        request's clock, then batch with `StreamBatcher` (first chunk at once) or Ray's `Batcher`."""
+        request's clock, then batch with `StreamBatcher` (first chunk at once, the interval grown with this
+        replica's open streams: `StreamLoad`) or Ray's `Batcher`."""
         llm_config: LLMConfig = self._llm_config
-        stamped = stamp_first(generator, hops.CURRENT.get(), called="engine_called", first="engine_first_chunk")
+        clock = hops.CURRENT.get()
         interval_ms = self._get_batch_interval_ms()
-        if llm_config.experimental_configs.get(FIRST_CHUNK_IMMEDIATELY, True):
-            return StreamBatcher(stamped, interval_ms=interval_ms).stream()
+        configs = llm_config.experimental_configs
+        if configs.get(FIRST_CHUNK_IMMEDIATELY, True):
+            load = getattr(self, "_stream_load", None)
+            if load is None:
+                load = self._stream_load = StreamLoad(
+                    interval_ms or 0, configs.get(STREAM_MAX_INTERVAL_MS, interval_ms or 0),
+                    configs.get(STREAM_MAX_MESSAGES_PER_S, 0))
+            return StreamBatcher(generator, interval_ms=interval_ms, load=load, clock=clock).stream()
+        stamped = stamp_first(generator, clock, called="engine_called", first="engine_first_chunk")
         return Batcher(stamped, interval_ms=interval_ms).stream()
 
 
