@@ -28,7 +28,7 @@ import psutil
 LABELS = (
     (r"ray::ServeReplica:[^:\s]+:([^:\s]+)", "replica:{0}"),
     (r"^VLLM::EngineCore", "engine_core"),
-    (r"ray::RayWorkerWrapper|VLLM::Worker", "gpu_worker"),
+    (r"ray::RayWorkerWrapper|ray::RayWorkerProc|VLLM::Worker", "gpu_worker"),
     (r"vllm\.entrypoints\.openai\.api_server", "api_server"),
     (r"ray::ProxyActor", "serve_proxy"),
     (r"ray::ServeController", "serve_controller"),

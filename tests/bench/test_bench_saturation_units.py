@@ -80,6 +80,9 @@ def test_versus_vllm_applies_the_issue_bar() -> None:
     starved = pd.versus_vllm({"tpot_p50_ms": 30.0, "goodput_rps": 18.0, "ttft_p50_ms": 100.0}, base)
     assert not starved["meets_bar"]
     assert pd.versus_vllm({"tpot_p50_ms": 1.0, "goodput_rps": 1.0, "ttft_p50_ms": 1.0}, None) == {}
+    none_good = pd.versus_vllm({"tpot_p50_ms": 30.0, "goodput_rps": 0.0, "ttft_p50_ms": 100.0},
+                               {**base, "goodput_rps": 0.0})
+    assert none_good["goodput_x_vllm"] is None and none_good["meets_bar"] and "bar_note" in none_good
 
 
 def test_process_labels() -> None:
