@@ -47,6 +47,29 @@ logger = get_logger(__name__)
 Request = Union[ChatCompletionRequest, CompletionRequest]
 
 
+def settle_serving_process() -> None:
+    """Once the engine is up: what vLLM's own processes do after start-up, which Ray's engine replica does not.
+
+    - vLLM's env cache (`vllm.envs.enable_envs_cache`, which vLLM's engine core and workers turn on): without it
+      every engine output re-reads env vars through os.getenv (IterationStats reads VLLM_COMPUTE_NANS_IN_LOGITS
+      per request output): 5 % of the serving replica's CPU at 1k-1k, 24 req/s on an H200
+      (bench/results/2026-12-02-h200-saturation). Env vars do not change after a replica starts.
+    - The start-up heap frozen out of the garbage collector (`gc.freeze`, as vLLM's API server does): a replica
+      holds Ray, vLLM, torch and the tokenizer; full collections triggered by per-token allocations would scan
+      all of it, pausing every stream of the replica.
+    """
+    import gc
+
+    try:
+        from vllm import envs
+
+        envs.enable_envs_cache()
+    except (ImportError, AttributeError):  # another vLLM: nothing to turn on
+        pass
+    gc.collect()
+    gc.freeze()
+
+
 def refuse_if_engine_dead(server: Any) -> None:
     """Before a request touches the engine: an engine that is already dead raises EngineDeadBeforeDispatch,
     so the frontend and the prefill failover know the request did not kill it (it may go elsewhere), unlike
@@ -96,6 +119,7 @@ class _OnePathMetered(_MeteredMixin):
     async def __init__(self, llm_config: LLMConfig, **kwargs):
         self._init_metrics(llm_config, mode=self.MODE, role=self.ROLE)
         await super().__init__(llm_config, **kwargs)
+        settle_serving_process()
 
     async def chat(self, request: ChatCompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
         return await self._serve_metered(request, raw_request_info, super().chat)
@@ -191,6 +215,7 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
             "SelectiveDecodeServer ready: prompts with fewer than %d tokens are prefilled locally on decode",
             remote_prefill_min_tokens,
         )
+        settle_serving_process()
 
     async def _maybe_prewarm(self) -> None:
         """Ray's pre-warm (kv_transfer.prewarm: one tiny request through every prefill replica, so the NIXL

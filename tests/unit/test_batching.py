@@ -105,3 +105,19 @@ def test_rays_paths_still_stamp_the_clock(interval_ms) -> None:
     batches = asyncio.run(collect())
     assert "".join(s for b in batches for s in b) == "".join(f"data: {i}\n\n" for i in range(3))
     assert "engine_first_chunk" in clock.stamps and "engine_called" in clock.stamps
+
+
+def test_the_serving_process_settles_like_vllms_own_after_start_up() -> None:
+    import gc
+
+    from vllm import envs
+
+    from serve_app.engine.servers import settle_serving_process
+
+    try:
+        settle_serving_process()
+        assert envs._is_envs_cache_enabled()
+        assert gc.get_freeze_count() > 0
+    finally:
+        envs.disable_envs_cache()
+        gc.unfreeze()
