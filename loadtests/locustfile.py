@@ -201,10 +201,15 @@ class OpenAIUser(FastHttpUser):
         RUN.issued += 1
         if len(self.in_flight) >= s.max_in_flight:
             now = time.time()
+            error = f"client saturated: {s.max_in_flight} requests in flight (--max-in-flight)"
             self.environment.events.request.fire(
                 request_type="POST", name=s.api, response_time=0, response_length=0, context={},
-                exception=RuntimeError(f"client saturated: {s.max_in_flight} requests in flight (--max-in-flight)"))
+                exception=RuntimeError(error))
             RUN.store.request_done(False, now, now, 0, None, 0)
+            if s.samples_jsonl:  # a request the client never sent still counts against the offered rate
+                RUN.records.append({"id": None, "ok": False, "start": now, "end": now, "e2e_ms": 0.0, "ttft_ms": None,
+                                    "itl_ms": None, "output_tokens": 0, "prompt_tokens": None, "error": error,
+                                    "server_trace": None, "client_saturated": True})
             self._finished(s)
             return
         greenlet = gevent.spawn(self._generate_one, s)
@@ -287,7 +292,8 @@ class OpenAIUser(FastHttpUser):
                 "itl_ms": result.itl_s * 1000 if result and result.itl_s is not None else None,
                 "output_tokens": result.output_tokens if result else 0,
                 "prompt_tokens": result.usage_prompt_tokens if result else None, "error": problem,
-                "server_trace": result.server_trace if result else None})
+                "server_trace": result.server_trace if result else None,
+                "gaps": {str(b): n for b, n in result.gap_hist.items()} if result else None})
         if ok:
             assert result is not None
             self._fire_metrics(label, result)

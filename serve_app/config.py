@@ -418,6 +418,20 @@ class StreamingSpec(StrictModel):
         "once. Off: Ray's fixed ticks from the start of the stream, which hold the first token for up "
         "to a whole interval.",
     )
+    max_messages_per_s: float = Field(
+        default=2000,
+        ge=0,
+        description="Under load, per serving replica: the interval grows with the replica's open streams so that "
+        "all of them together send at most this many messages a second (up to max_batch_interval_ms); the "
+        "first chunk of a stream still leaves at once and its end is not held, so TTFT and time per output "
+        "token are unchanged. 0: the fixed batch_interval_ms. Needs first_chunk_immediately.",
+    )
+    max_batch_interval_ms: float = Field(
+        default=250,
+        ge=0,
+        le=1000,
+        description="The longest interval load may grow it to (below batch_interval_ms: batch_interval_ms).",
+    )
 
 
 class PrefillTargets(StrictModel):

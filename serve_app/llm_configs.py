@@ -94,6 +94,8 @@ def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
 
 # experimental_configs keys serve_app's own servers read (Ray ignores unknown keys).
 FIRST_CHUNK_IMMEDIATELY = "rld_first_chunk_immediately"
+STREAM_MAX_MESSAGES_PER_S = "rld_stream_max_messages_per_s"
+STREAM_MAX_INTERVAL_MS = "rld_stream_max_batch_interval_ms"
 
 
 def experimental_configs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
@@ -101,6 +103,8 @@ def experimental_configs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str,
     configs: dict[str, Any] = {
         "stream_batching_interval_ms": app.streaming.batch_interval_ms,
         FIRST_CHUNK_IMMEDIATELY: app.streaming.first_chunk_immediately,
+        STREAM_MAX_MESSAGES_PER_S: app.streaming.max_messages_per_s,
+        STREAM_MAX_INTERVAL_MS: app.streaming.max_batch_interval_ms,
     }
     if _moves_kv(app) and role == "decode":
         configs["_prewarm_prefill_decode"] = app.kv_transfer.prewarm

@@ -14,13 +14,24 @@ Engines are started by the same launcher as `make demo` (devstack.stack.LocalSta
 graphs) unless --eager, with the same engine arguments in every mode.
 
 For each workload (prompt tokens - output tokens) and offered rate: the project's locustfile, headless, open
-loop (--request-rate, Poisson arrivals) for --duration seconds, every request recorded (--samples-jsonl).
+loop (--request-rate, Poisson arrivals) for --duration seconds, every request recorded (--samples-jsonl),
+then the requests still running finish (--drain-s at most) before the next rate starts. The rate is split over
+--clients Locust processes per server (each its own seed, so no two send the same prompts), whose CPU use is
+sampled (a client near one core would be the bottleneck); no client caps its requests in flight
+(--max-in-flight far above what a step can reach; a request refused by a client would count as failed).
+Before each mode's ladder of a workload a few closed-loop requests warm it up (and calibrate prompts).
 Goodput = requests per second that started in the window and met the SLO per request (TTFT <= --slo-ttft-ms
 and time per output token <= --slo-tpot-ms), per GPU. A workload's ladder stops once a mode saturates
-(it completed under 80 % of the offered rate, failed over 5 %, or its TTFT p95 passed 10x the SLO).
-Disaggregated requests are joined to the app's per-hop trace lines (serve_app/telemetry/hops.py) by request id.
+(it completed under 80 % of the offered rate, failed over 5 %, or its TTFT p95 passed 10x the SLO), unless
+--keep-going. Per step: TTFT, TPOT (per request: (last token - first token) / (tokens - 1)) with a bootstrap
+95 % interval of its median, ITL (gaps between text chunks at the client, pooled over the step's requests),
+the most requests in flight at once, client CPU, and for app modes the ratio to vllm at the same rate.
+--profile WORKLOAD@RATE also samples the serving processes during that step (bench/gpu/procprof.py: CPU
+cores per process, py-spy stacks). Disaggregated requests are joined to the app's per-hop trace lines
+(serve_app/telemetry/hops.py) by request id.
 
-Writes into --out: summary.json, table.md, goodput.png, commands.txt, per step the Locust samples and summary.
+Writes into --out: summary.json, table.md, goodput.png, commands.txt, steps.json, per step the Locust
+samples and summary, per profiled step profile-<tag>.json and the collapsed stacks.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import dataclasses
 import functools
 import json
 import math
+import random
 import shlex
 import subprocess
 import sys
@@ -37,10 +49,14 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import psutil
+
+from bench.gpu.procprof import ClientCpu, StepProfile, labelled
 from bench.report import save_run
-from bench.servers import REPO_ROOT, ServerProcess, vllm_server
+from bench.servers import BENCH_API_KEY, REPO_ROOT, ServerProcess, vllm_server
 from bench.ttft import cpu_app_args, gpu_app_args, median
 from loadtests.openai_load.samples import percentile
+from loadtests.openai_load.sse import hist_percentile
 from serve_app.telemetry import hops
 from devstack import serve_config as cpu_config
 from devstack.cluster import NodeSpec
@@ -50,10 +66,11 @@ from devstack.tiny_model import ensure_tiny_model
 
 LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
 WORKLOADS = {"4k-256": (4096, 256), "1k-1k": (1024, 1024), "2k-512": (2048, 512)}
-CPU_WORKLOADS = {"256-32": (256, 32), "1k-16": (1024, 16)}
+CPU_WORKLOADS = {"256-32": (256, 32), "1k-16": (1024, 16), "256-256": (256, 256)}
 MODES = ("aggregated", "aggregated-direct", "disaggregated", "vllm")
 APP_MODES = {"aggregated": ("aggregated", {}), "aggregated-direct": ("aggregated", {"frontend.direct_streaming": True}),
              "disaggregated": ("disaggregated", {})}  # bench mode -> (app mode, AppConfig overrides)
+MAX_IN_FLIGHT = 100_000  # per client: no cap a step can reach (Locust's default, 512, capped the 2026-12-01 ladder)
 
 
 def log(msg: str) -> None:
@@ -76,6 +93,13 @@ class Step:
     tpot_p95_ms: float
     error_rate: float
     hops_p50_ms: Optional[dict[str, Optional[float]]] = None
+    tpot_p50_ci95_ms: Optional[tuple[float, float]] = None
+    itl_p50_ms: float = math.nan
+    itl_p95_ms: float = math.nan
+    max_in_flight: int = 0
+    clients: int = 1
+    client_cpu: Optional[dict[str, Optional[float]]] = None
+    client_refused: int = 0
 
     @property
     def goodput_per_gpu(self) -> float:
@@ -103,12 +127,54 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true")
     p.add_argument("--remote-prefill-min-tokens", type=int, default=0,
                    help="the app's selective-disaggregation threshold in the disaggregated mode")
+    p.add_argument("--clients", type=int, default=None, help="Locust processes per server, each offered rate/N "
+                   "(default GPU 4, CPU 1)")
+    p.add_argument("--drain-s", type=int, default=300, help="longest wait for a step's requests to finish")
+    p.add_argument("--keep-going", action="store_true", help="run every rate, also past a mode's saturation")
+    p.add_argument("--seed", type=int, default=0, help="base of the clients' prompt seeds")
+    p.add_argument("--profile", action="append", default=[], metavar="WORKLOAD@RATE",
+                   help="sample the serving processes during this step (CPU per process, py-spy); repeatable")
+    p.add_argument("--profile-s", type=int, default=30, help="seconds sampled, ending with the arrival window")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
+                   help="vLLM engine argument for every mode, direct vLLM included; repeatable")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=BASE:PATH=JSON[;PATH=JSON]",
+                   help="one more app mode: BASE (an app mode) with these AppConfig overrides; list NAME in --modes")
+    p.add_argument("--cluster-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment of every Ray process of the app's cluster; repeatable")
+    p.add_argument("--only", action="append", default=[], metavar="MODE=WORKLOAD@RATE[,WORKLOAD@RATE]",
+                   help="run only these steps of MODE (e.g. a variant measured at one rate); repeatable")
+    p.add_argument("--warm-up", type=int, default=2, help="closed-loop requests before each mode's workload")
+    p.add_argument("--workload-rates", action="append", default=[], metavar="WORKLOAD=R1,R2",
+                   help="this workload's offered rates instead of --rates; repeatable")
+    p.add_argument("--merge", action="append", type=Path, default=[], metavar="DIR",
+                   help="measure nothing: summarize the steps.json of these earlier runs' --out folders together "
+                   "(e.g. the modes of one machine run in two invocations); --device-name names the machine")
+    p.add_argument("--device-name", default=None)
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     cpu = a.device == "cpu"
+    a.app_modes = dict(APP_MODES)
+    for spec in a.variant:
+        name, _, rest = spec.partition("=")
+        base, _, overrides = rest.partition(":")
+        if not name or base not in APP_MODES:
+            p.error(f"--variant {spec!r}: NAME=BASE:PATH=JSON[;PATH=JSON], BASE one of {', '.join(APP_MODES)}")
+        app_mode, extra = APP_MODES[base]
+        extra = dict(extra)
+        for item in filter(None, overrides.split(";")):
+            path, _, value = item.partition("=")
+            extra[path] = json.loads(value)
+        a.app_modes[name] = (app_mode, extra)
     a.modes = [m for m in a.modes.split(",") if m]
-    if bad := [m for m in a.modes if m not in MODES]:
+    if bad := [m for m in a.modes if m not in MODES and m not in a.app_modes]:
         p.error(f"--modes: unknown {bad}")
+    a.engine_extra = {k: json.loads(v) for k, _, v in (e.partition("=") for e in a.engine_arg)}
+    a.cluster_env = dict(e.split("=", 1) for e in a.cluster_env)
+    a.clients = a.clients or (1 if cpu else 4)
+    a.profile = {tuple(x.split("@")) for x in a.profile}
+    a.only = {m: {tuple(x.split("@")) for x in steps.split(",")} for m, _, steps in (o.partition("=") for o in a.only)}
+    a.rates_of = {w: [float(r) for r in rates.split(",") if r]
+                  for w, _, rates in (x.partition("=") for x in a.workload_rates)}
     table = CPU_WORKLOADS if cpu else WORKLOADS
     a.workloads = [w for w in (a.workloads or ",".join(list(table)[:2])).split(",") if w]
     if bad := [w for w in a.workloads if w not in table]:
@@ -126,7 +192,7 @@ def gpu_count(device: str, modes: list[str]) -> tuple[int, str]:
     import torch
 
     count = torch.cuda.device_count()
-    if "disaggregated" in modes and (count < 2 or count % 2):
+    if any(m.startswith("disaggregated") for m in modes) and (count < 2 or count % 2):
         raise SystemExit(f"bench.gpu.pd: disaggregated needs an even number of GPUs >= 2, this machine has {count}")
     if count < 1:
         raise SystemExit("bench.gpu.pd: no CUDA GPU")
@@ -136,7 +202,7 @@ def gpu_count(device: str, modes: list[str]) -> tuple[int, str]:
 def engine_setup(a: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any], dict[str, str]]:
     """Model, engine arguments and engine environment shared by every mode."""
     if a.device == "cpu":
-        return ensure_tiny_model(), dict(cpu_config.CPU_ENGINE_ARGS), dict(cpu_config.CPU_LOOPBACK_ENV)
+        return ensure_tiny_model(), {**cpu_config.CPU_ENGINE_ARGS, **a.engine_extra}, dict(cpu_config.CPU_LOOPBACK_ENV)
     import importlib.util
 
     from bench.gpu.model import dummy_model
@@ -147,6 +213,7 @@ def engine_setup(a: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any]
         engine["load_format"] = "dummy"
     if a.eager:
         engine["enforce_eager"] = True
+    engine.update(a.engine_extra)
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if importlib.util.find_spec("flashinfer") is None:
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
@@ -157,7 +224,7 @@ def engine_setup(a: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any]
 def app_stack(mode: str, gpus: int, a: argparse.Namespace, model: Path, engine: dict[str, Any],
               env: dict[str, str]) -> LocalStack:
     half = gpus // 2
-    app_mode, extra = APP_MODES[mode]
+    app_mode, extra = a.app_modes[mode]
     if a.device == "cpu":
         nodes = (NodeSpec("head", num_cpus=2), NodeSpec("prefill", num_cpus=4, role="prefill"),
                  NodeSpec("decode", num_cpus=4, role="decode"))
@@ -175,19 +242,51 @@ def app_stack(mode: str, gpus: int, a: argparse.Namespace, model: Path, engine: 
         "decode.replicas": half, "prefill.replicas": half, "remote_prefill_min_tokens": a.remote_prefill_min_tokens}
     return LocalStack(apps={"llm": ("/", app_mode)}, ports=BENCH, model_path=model, nodes=nodes, app_args=app_args,
                       overrides={"llm": {**overrides, **extra}}, object_store_bytes=2 * 1024**3 if a.device == "gpu" else 256 * 1024**2,
-                      deploy_timeout_s=1800)
+                      deploy_timeout_s=1800, api_keys=(BENCH_API_KEY,), cluster_env=dict(a.cluster_env))
 
 
 def run_locust(url: str, rate: float, sizes: tuple[int, int], duration: int, prefix: Path, request_ids: str,
-               calibration: Path) -> subprocess.Popen:
+               calibration: Path, *, seed: int, drain_s: int, warm_up: int = 0) -> subprocess.Popen:
+    """One Locust process: open loop at `rate` for `duration` s (then up to `drain_s` for what is in flight),
+    or with `warm_up` > 0 that many closed-loop requests, one at a time."""
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-           "-H", url.removesuffix("/v1"), "-u", "1", "-r", "1", "-t", f"{duration}s", "--stop-timeout", "300",
-           "--api", "completions", "--input-tokens", str(sizes[0]), "--output-tokens", str(sizes[1]),
-           "--request-rate", str(rate), "--max-requests", str(int(rate * duration * 2) + 10),
-           "--samples-jsonl", f"{prefix}.samples.jsonl", "--summary-json", f"{prefix}.summary.json",
-           "--request-id-prefix", request_ids, "--calibration-file", str(calibration)]
+           "-H", url.removesuffix("/v1"), "-u", "1", "-r", "1", "--api", "completions", "--input-tokens",
+           str(sizes[0]), "--output-tokens", str(sizes[1]), "--api-key", BENCH_API_KEY, "--seed", str(seed),
+           "--summary-json", f"{prefix}.summary.json", "--calibration-file", str(calibration)]
+    if warm_up:
+        cmd += ["-t", "600s", "--max-requests", str(warm_up), "--stop-timeout", "120"]
+    else:
+        cmd += ["-t", f"{duration}s", "--stop-timeout", str(drain_s), "--request-rate", str(rate),
+                "--max-requests", str(int(rate * duration * 2) + 10), "--max-in-flight", str(MAX_IN_FLIGHT),
+                "--samples-jsonl", f"{prefix}.samples.jsonl", "--request-id-prefix", request_ids]
     log_file = open(f"{prefix}.locust.log", "w")
     return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def step_seed(base: int, workload: str, rate: float, client: int) -> int:
+    """A seed per (workload, rate, client): no two clients, steps or workloads send the same prompts (a
+    repeated prompt would be served from the prefix cache); the same in every mode, so modes see the same ones."""
+    return random.Random(f"{base}-{workload}-{rate:g}-{client}").randrange(1 << 30)
+
+
+def max_in_flight(records: list[dict[str, Any]]) -> int:
+    """The most requests in flight at once (start..end intervals of the records)."""
+    events = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records], key=lambda e: (e[0], e[1]))
+    now = peak = 0
+    for _, delta in events:
+        now += delta
+        peak = max(peak, now)
+    return peak
+
+
+def median_ci95(values: list[float], resamples: int = 400, seed: int = 0) -> Optional[tuple[float, float]]:
+    """Bootstrap 95 % interval of the median of `values` (None below 10 values)."""
+    if len(values) < 10:
+        return None
+    rng = random.Random(seed)
+    n = len(values)
+    meds = sorted(percentile([values[rng.randrange(n)] for _ in range(n)], 50) for _ in range(resamples))
+    return (round(meds[int(0.025 * resamples)], 3), round(meds[int(0.975 * resamples) - 1], 3))
 
 
 def measure(records: list[dict[str, Any]], *, workload: str, mode: str, rate: float, gpus: int, duration: int,
@@ -196,42 +295,79 @@ def measure(records: list[dict[str, Any]], *, workload: str, mode: str, rate: fl
         return Step(workload, mode, rate, gpus, 0, 0, 0.0, 0.0, math.nan, math.nan, math.nan, math.nan, 1.0)
     t0 = min(r["start"] for r in records)
     window = [r for r in records if r["start"] <= t0 + duration]
+    # Arrivals span a little less than `duration` (each client starts its -t clock before its first request):
+    # rates are per second of the arrival window actually covered.
+    span = max(r["start"] for r in window) - t0
+    seconds = span if span >= duration / 2 else duration
     ok = [r for r in window if r["ok"] and r["ttft_ms"] is not None]
     good = [r for r in ok if r["ttft_ms"] <= slo_ttft_ms and (r["itl_ms"] or 0.0) <= slo_tpot_ms]
     ttft = [r["ttft_ms"] for r in ok]
     tpot = [r["itl_ms"] for r in ok if r["itl_ms"] is not None]
+    gaps: dict[int, int] = {}
+    for r in ok:
+        for b, n in (r.get("gaps") or {}).items():
+            gaps[int(b)] = gaps.get(int(b), 0) + n
     traced = [traces[r["id"]]["segments_ms"] for r in ok if r.get("id") in traces]
     hop_p50 = ({h: median([t[h] for t in traced if h in t]) for h in hops.SEGMENTS if any(h in t for t in traced)}
                if traced else None)
     return Step(workload, mode, rate, gpus, requests=len(window), ok=len(ok),
-                achieved_rps=len(ok) / duration, goodput_rps=len(good) / duration,
+                achieved_rps=len(ok) / seconds, goodput_rps=len(good) / seconds,
                 ttft_p50_ms=percentile(ttft, 50), ttft_p95_ms=percentile(ttft, 95),
                 tpot_p50_ms=percentile(tpot, 50), tpot_p95_ms=percentile(tpot, 95),
-                error_rate=1 - len(ok) / len(window), hops_p50_ms=hop_p50)
+                error_rate=1 - len(ok) / len(window), hops_p50_ms=hop_p50, tpot_p50_ci95_ms=median_ci95(tpot),
+                itl_p50_ms=hist_percentile(gaps, 50), itl_p95_ms=hist_percentile(gaps, 95),
+                max_in_flight=max_in_flight([r for r in records if r.get("id")]),
+                client_refused=sum(1 for r in window if r.get("client_saturated")))
 
 
-def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Path) -> list[Step]:
+def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Path,
+           processes: Optional[Any] = None) -> list[Step]:
+    """`processes()`: the serving processes by label (bench/gpu/procprof.py), for --profile steps."""
     steps: list[Step] = []
     for workload, sizes in a.workload_sizes.items():
+        only = a.only.get(mode)
+        rates = [r for r in a.rates_of.get(workload, a.rates) if only is None or (workload, f"{r:g}") in only]
+        if not rates:
+            continue
         calibration = out / f"calibration-{mode}-{workload}.json"
-        for rate in a.rates:
+        warm = [run_locust(url, 0, sizes, 0, out / f"{mode}-{workload}-warmup-{i}", "", calibration,
+                           seed=a.seed + 999, drain_s=0, warm_up=a.warm_up) for i, url in enumerate(urls)]
+        for proc in warm:
+            proc.wait(timeout=900)
+        for rate in rates:
             tag = f"{mode}-{workload}-r{rate:g}"
-            procs = [run_locust(url, rate / len(urls), sizes, a.duration, out / f"{tag}-{i}", f"{tag}-{i}", calibration)
-                     for i, url in enumerate(urls)]
+            prefixes, procs = [], []
+            for i, url in enumerate(urls):
+                for j in range(a.clients):
+                    prefix = out / f"{tag}-{i}-{j}"
+                    prefixes.append(prefix)
+                    procs.append(run_locust(url, rate / (len(urls) * a.clients), sizes, a.duration, prefix,
+                                            f"{tag}-{i}-{j}", calibration, seed=step_seed(a.seed, workload, rate, j),
+                                            drain_s=a.drain_s))
+            cpu = ClientCpu([p.pid for p in procs]).start()
+            profile = None
+            if (workload, f"{rate:g}") in a.profile and processes is not None:
+                seconds = min(a.profile_s, a.duration - 10)
+                profile = StepProfile(processes(), out, tag, delay_s=a.duration - seconds, seconds=seconds).start()
             for proc in procs:
-                proc.wait(timeout=a.duration + 900)
-            records = [json.loads(line) for i in range(len(urls))
-                       for line in (out / f"{tag}-{i}.samples.jsonl").read_text().splitlines()
-                       if (out / f"{tag}-{i}.samples.jsonl").exists()]
+                proc.wait(timeout=a.duration + a.drain_s + 300)
+            client_cpu = cpu.stop()
+            records = [json.loads(line) for prefix in prefixes if Path(f"{prefix}.samples.jsonl").exists()
+                       for line in Path(f"{prefix}.samples.jsonl").read_text().splitlines()]
             traces = {r["id"]: r["server_trace"] for r in records if r.get("server_trace")}
             step = measure(records, workload=workload, mode=mode, rate=rate, gpus=gpus, duration=a.duration,
                            slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, traces=traces)
+            step = dataclasses.replace(step, clients=len(procs), client_cpu=client_cpu)
             steps.append(step)
             log(f"{tag}: {step.ok}/{step.requests} ok, {step.achieved_rps:.2f} req/s, goodput {step.goodput_rps:.2f} "
                 f"req/s ({step.goodput_per_gpu:.2f}/GPU), TTFT p50/p95 {step.ttft_p50_ms:.0f}/{step.ttft_p95_ms:.0f} ms, "
-                f"TPOT p50/p95 {step.tpot_p50_ms:.1f}/{step.tpot_p95_ms:.1f} ms")
+                f"TPOT p50/p95 {step.tpot_p50_ms:.1f}/{step.tpot_p95_ms:.1f} ms, ITL p50/p95 {step.itl_p50_ms:.1f}/"
+                f"{step.itl_p95_ms:.1f} ms, max in flight {step.max_in_flight}, client CPU {client_cpu}")
+            if profile is not None:
+                summary = profile.result()
+                log(f"{tag}: profile " + ", ".join(f"{k} {v.get('cores')}" for k, v in summary.get("processes", {}).items()))
             (out / "steps.json").write_text(json.dumps([dataclasses.asdict(s) for s in steps], indent=1))
-            if step.saturated(a.slo_ttft_ms):
+            if step.saturated(a.slo_ttft_ms) and not a.keep_going:
                 log(f"{mode} {workload}: saturated at {rate:g} req/s")
                 break
     return steps
@@ -251,7 +387,16 @@ def run_mode(mode: str, a: argparse.Namespace, gpus: int, out: Path, model: Path
                 servers.append(server)
             for server in servers:
                 server.wait_ready(1800)
-            return ladder(mode, [s.base_url for s in servers], a, gpus, out)
+
+            def processes() -> dict[str, psutil.Process]:
+                found: list[psutil.Process] = []
+                for server in servers:
+                    if server.proc is not None:
+                        root = psutil.Process(server.proc.pid)
+                        found += [root, *root.children(recursive=True)]
+                return labelled(found)
+
+            return ladder(mode, [s.base_url for s in servers], a, gpus, out, processes)
         finally:
             for server in servers:
                 server.stop()
@@ -259,9 +404,30 @@ def run_mode(mode: str, a: argparse.Namespace, gpus: int, out: Path, model: Path
     try:
         stack.start()
         (out / f"serve_config-{mode}.json").write_text(json.dumps(stack.serve_config, indent=1))
-        return ladder(mode, [stack.base_url("llm")], a, gpus, out)
+        return ladder(mode, [stack.base_url("llm")], a, gpus, out, lambda: labelled(stack.cluster.processes()))
     finally:
         stack.stop(keep_logs=True)
+
+
+BAR_TPOT = 1.05  # issue 19: app TPOT p50 at most 1.05x direct vLLM's at the same offered rate
+BAR_GOODPUT = 0.95  # and app goodput at least 0.95x
+
+
+def versus_vllm(row: dict[str, Any], base: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """An app step's ratios to direct vLLM's step at the same workload and rate, and whether it meets the bar."""
+    if base is None:
+        return {}
+    tpot = row["tpot_p50_ms"] / base["tpot_p50_ms"] if base["tpot_p50_ms"] else math.nan
+    out: dict[str, Any] = {"tpot_p50_x_vllm": round(tpot, 3),
+                           "ttft_p50_x_vllm": round(row["ttft_p50_ms"] / base["ttft_p50_ms"], 3) if base["ttft_p50_ms"] else math.nan}
+    if base["goodput_rps"]:
+        out["goodput_x_vllm"] = round(row["goodput_rps"] / base["goodput_rps"], 3)
+        out["meets_bar"] = bool(tpot <= BAR_TPOT and out["goodput_x_vllm"] >= BAR_GOODPUT)
+    else:  # vLLM met the SLO with no request: no ratio; the goodput half of the bar says nothing here
+        out["goodput_x_vllm"] = None
+        out["meets_bar"] = bool(tpot <= BAR_TPOT and row["goodput_rps"] >= 0)
+        out["bar_note"] = "vLLM goodput 0: only the TPOT half of the bar applies"
+    return out
 
 
 def summarize(steps: list[Step], a: argparse.Namespace, device: str, gpus: int) -> dict[str, Any]:
@@ -270,31 +436,54 @@ def summarize(steps: list[Step], a: argparse.Namespace, device: str, gpus: int) 
     for s in steps:
         cur = best.setdefault(s.workload, {})
         cur[s.mode] = max(cur.get(s.mode, 0.0), s.goodput_per_gpu)
+    rows = [{"workload": s.workload, "mode": s.mode, "gpus": s.gpus, "rate_rps": s.rate_rps,
+             "goodput_rps": round(s.goodput_rps, 3), "goodput_rps_per_gpu": round(s.goodput_per_gpu, 3),
+             "achieved_rps": round(s.achieved_rps, 3), "requests": s.requests, "ok": s.ok,
+             "ttft_p50_ms": s.ttft_p50_ms, "ttft_p95_ms": s.ttft_p95_ms, "tpot_p50_ms": s.tpot_p50_ms,
+             "tpot_p95_ms": s.tpot_p95_ms, "tpot_p50_ci95_ms": s.tpot_p50_ci95_ms, "itl_p50_ms": s.itl_p50_ms,
+             "itl_p95_ms": s.itl_p95_ms, "error_rate": s.error_rate, "max_in_flight": s.max_in_flight,
+             "clients": s.clients, "client_cpu": s.client_cpu, "client_refused": s.client_refused} for s in steps]
+    base = {(r["workload"], r["rate_rps"]): r for r in rows if r["mode"] == "vllm"}
+    for r in rows:
+        if r["mode"] != "vllm":
+            r.update(versus_vllm(r, base.get((r["workload"], r["rate_rps"]))))
     return {
         "device": device, "compiled": not a.eager, "gpus": gpus,
-        "slo": {"ttft_p95_ms": a.slo_ttft_ms, "tpot_p95_ms": a.slo_tpot_ms, "per_request": True},
+        "slo": {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms, "per_request": True},
+        "bar": {"tpot_p50_x_vllm_max": BAR_TPOT, "goodput_x_vllm_min": BAR_GOODPUT},
+        "duration_s": a.duration, "clients_per_server": a.clients, "modes": a.modes,
+        "app_modes": {m: {"app_mode": a.app_modes[m][0], "overrides": a.app_modes[m][1]} for m in a.modes if m in a.app_modes},
+        "engine_args_extra": a.engine_extra, "cluster_env": a.cluster_env,
         "workloads": {w: {"input_tokens": i, "output_tokens": o} for w, (i, o) in a.workload_sizes.items()},
         # at the lowest offered rate of each ladder (requests rarely overlap there), by prompt tokens
         "ttft_p50_ms": {m: {str(a.workload_sizes[w][0]): lowest[(w, m)].ttft_p50_ms for w in a.workloads
                             if (w, m) in lowest} for m in a.modes},
-        "goodput": [{"workload": s.workload, "mode": s.mode, "gpus": s.gpus, "rate_rps": s.rate_rps,
-                     "goodput_rps": round(s.goodput_rps, 3), "goodput_rps_per_gpu": round(s.goodput_per_gpu, 3),
-                     "achieved_rps": round(s.achieved_rps, 3), "ttft_p50_ms": s.ttft_p50_ms,
-                     "ttft_p95_ms": s.ttft_p95_ms, "tpot_p50_ms": s.tpot_p50_ms, "tpot_p95_ms": s.tpot_p95_ms,
-                     "error_rate": s.error_rate} for s in steps],
+        "goodput": rows,
         "best_goodput_per_gpu": best,
         "disaggregated_hops_p50_ms": {f"{s.workload}@{s.rate_rps:g}": s.hops_p50_ms for s in steps
                                       if s.mode == "disaggregated" and s.hops_p50_ms},
     }
 
 
+def _f(value: Any, fmt: str) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
 def table(summary: dict[str, Any]) -> str:
-    rows = ["| workload | mode | rate (req/s) | achieved | goodput/GPU | TTFT p50 / p95 (ms) | TPOT p50 / p95 (ms) | "
-            "errors |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| workload | mode | rate | achieved | goodput | TTFT p50 / p95 (ms) | TPOT p50 [95 % CI] / p95 (ms) | "
+            "ITL p50 / p95 (ms) | in flight max | client CPU max | errors | TPOT x vLLM | goodput x vLLM |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for g in summary["goodput"]:
+        ci = g.get("tpot_p50_ci95_ms")
+        ci_text = f" [{ci[0]:.1f}-{ci[1]:.1f}]" if ci else ""
+        cpu = (g.get("client_cpu") or {}).get("max_cores_per_client")
+        mark = "" if "meets_bar" not in g else (" **miss**" if not g["meets_bar"] else " ok" if g.get("goodput_x_vllm") is not None else " (TPOT only)")
         rows.append(f"| {g['workload']} | {g['mode']} | {g['rate_rps']:g} | {g['achieved_rps']:.2f} | "
-                    f"{g['goodput_rps_per_gpu']:.2f} | {g['ttft_p50_ms']:.0f} / {g['ttft_p95_ms']:.0f} | "
-                    f"{g['tpot_p50_ms']:.1f} / {g['tpot_p95_ms']:.1f} | {g['error_rate']:.1%} |")
+                    f"{g['goodput_rps_per_gpu']:.2f} | {_f(g['ttft_p50_ms'], '{:.0f}')} / {_f(g['ttft_p95_ms'], '{:.0f}')} | "
+                    f"{_f(g['tpot_p50_ms'], '{:.1f}')}{ci_text} / {_f(g['tpot_p95_ms'], '{:.1f}')} | "
+                    f"{_f(g['itl_p50_ms'], '{:.1f}')} / {_f(g['itl_p95_ms'], '{:.1f}')} | {g['max_in_flight']} | "
+                    f"{_f(cpu, '{:.2f}')} x{g['clients']} | {g['error_rate']:.1%} | "
+                    f"{_f(g.get('tpot_p50_x_vllm'), '{:.2f}')} | {_f(g.get('goodput_x_vllm'), '{:.2f}')}{mark} |")
     rows += ["", "Best goodput per GPU (req/s meeting the SLO):", ""]
     for w, by_mode in summary["best_goodput_per_gpu"].items():
         rows.append(f"- {w}: " + ", ".join(f"{m} {v:.2f}" for m, v in by_mode.items()))
@@ -308,24 +497,32 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(summary["workloads"])
-    fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.6 * len(workloads)), squeeze=False)
+    panels = (("goodput_rps_per_gpu", None, "goodput per GPU (req/s meeting the SLO)", False),
+              ("tpot_p50_ms", "tpot_p95_ms", "TPOT ms (p50 solid, p95 dashed)", False),
+              ("ttft_p50_ms", "ttft_p95_ms", "TTFT ms (p50 solid, p95 dashed)", True))
+    fig, axes = plt.subplots(len(workloads), len(panels), figsize=(15, 3.8 * len(workloads)), squeeze=False)
     for row, w in enumerate(workloads):
-        for mode in MODES:
-            pts = [g for g in summary["goodput"] if g["workload"] == w and g["mode"] == mode]
-            if not pts:
-                continue
-            rates = [g["rate_rps"] for g in pts]
-            axes[row][0].plot(rates, [g["goodput_rps_per_gpu"] for g in pts], marker="o", label=mode)
-            axes[row][1].plot(rates, [g["ttft_p95_ms"] for g in pts], marker="o", label=f"{mode} TTFT p95")
-        axes[row][0].set_title(f"{w}: goodput per GPU ({summary['device']})")
-        axes[row][0].set_xlabel("offered req/s")
-        axes[row][0].set_ylabel("req/s meeting SLO, per GPU")
-        axes[row][1].set_yscale("log")
-        axes[row][1].axhline(summary["slo"]["ttft_p95_ms"], color="grey", linestyle="--", label="TTFT SLO")
-        axes[row][1].set_title(f"{w}: TTFT p95")
-        axes[row][1].set_xlabel("offered req/s")
-        for ax in axes[row]:
+        for col, (key, key95, title, log_y) in enumerate(panels):
+            ax = axes[row][col]
+            for i, mode in enumerate(summary["modes"]):
+                pts = [g for g in summary["goodput"] if g["workload"] == w and g["mode"] == mode]
+                if not pts:
+                    continue
+                rates = [g["rate_rps"] for g in pts]
+                ax.plot(rates, [g[key] for g in pts], "o-", color=f"C{i}", label=mode)
+                if key95:
+                    ax.plot(rates, [g[key95] for g in pts], "s--", color=f"C{i}", alpha=0.5)
+            if key == "ttft_p50_ms":
+                ax.axhline(summary["slo"]["ttft_ms"], color="grey", linestyle=":", label="TTFT SLO")
+            if key == "tpot_p50_ms":
+                ax.axhline(summary["slo"]["tpot_ms"], color="grey", linestyle=":", label="TPOT SLO")
+            if log_y:
+                ax.set_yscale("log")
+            ax.set_title(f"{w}: {title}", fontsize=10)
+            ax.set_xlabel("offered req/s")
+            ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
+    fig.suptitle(f"{summary['device']}, {summary['duration_s']} s per rate", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -338,6 +535,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "commands.txt").write_text("python -m bench.gpu.pd " + " ".join(
         shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])) + "\n")
+    if a.merge:
+        steps = [Step(**step) for folder in a.merge for step in json.loads((folder / "steps.json").read_text())]
+        steps = [dataclasses.replace(s, tpot_p50_ci95_ms=tuple(s.tpot_p50_ci95_ms) if s.tpot_p50_ci95_ms else None)
+                 for s in steps if s.mode in a.modes and s.workload in a.workloads]
+        summary = summarize(steps, a, a.device_name or a.device, max((s.gpus for s in steps), default=1))
+        summary["merged_from"] = [str(folder) for folder in a.merge]
+        return save_run(out, summary, table(summary), plot, "goodput.png", started)
     gpus, device = gpu_count(a.device, a.modes)
     model, engine, env = engine_setup(a, out)
     log(f"{device}; modes {a.modes}; workloads {a.workload_sizes}; rates {a.rates}; {a.duration} s each")

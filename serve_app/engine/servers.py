@@ -35,9 +35,9 @@ from ray.llm._internal.serve.utils.batcher import Batcher
 from serve_app.autoscaling import signals as engine_signals
 from serve_app.autoscaling.signals import EngineSignals
 from serve_app.telemetry import hops
-from serve_app.engine.batching import StreamBatcher, stamp_first
+from serve_app.engine.batching import StreamBatcher, StreamLoad, stamp_first
 from serve_app.telemetry.hops import HopClock
-from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY
+from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY, STREAM_MAX_INTERVAL_MS, STREAM_MAX_MESSAGES_PER_S
 from serve_app.config import FailoverSpec
 from serve_app.engine.direct import DirectIngressMixin
 from serve_app.engine.failover import PrefillFailover
@@ -47,6 +47,29 @@ from serve_app.telemetry.metrics import Path, RequestMetrics
 logger = get_logger(__name__)
 
 Request = Union[ChatCompletionRequest, CompletionRequest]
+
+
+def settle_serving_process() -> None:
+    """Once the engine is up: what vLLM's own processes do after start-up, which Ray's engine replica does not.
+
+    - vLLM's env cache (`vllm.envs.enable_envs_cache`, which vLLM's engine core and workers turn on): without it
+      every engine output re-reads env vars through os.getenv (IterationStats reads VLLM_COMPUTE_NANS_IN_LOGITS
+      per request output): 5 % of the serving replica's CPU at 1k-1k, 24 req/s on an H200
+      (bench/results/2026-12-02-h200-saturation). Env vars do not change after a replica starts.
+    - The start-up heap frozen out of the garbage collector (`gc.freeze`, as vLLM's API server does): a replica
+      holds Ray, vLLM, torch and the tokenizer; full collections triggered by per-token allocations would scan
+      all of it, pausing every stream of the replica.
+    """
+    import gc
+
+    try:
+        from vllm import envs
+
+        envs.enable_envs_cache()
+    except (ImportError, AttributeError):  # another vLLM: nothing to turn on
+        pass
+    gc.collect()
+    gc.freeze()
 
 
 def refuse_if_engine_dead(server: Any) -> None:
@@ -86,12 +109,20 @@ class _MeteredMixin:
 
     def _batch_output_stream(self, generator: AsyncIterator[Any]):
         """Ray's hook for batching a streamed engine response: stamp the engine's first chunk on the
-        request's clock, then batch with `StreamBatcher` (first chunk at once) or Ray's `Batcher`."""
+        request's clock, then batch with `StreamBatcher` (first chunk at once, the interval grown with this
+        replica's open streams: `StreamLoad`) or Ray's `Batcher`."""
         llm_config: LLMConfig = self._llm_config
-        stamped = stamp_first(generator, hops.CURRENT.get(), called="engine_called", first="engine_first_chunk")
+        clock = hops.CURRENT.get()
         interval_ms = self._get_batch_interval_ms()
-        if llm_config.experimental_configs.get(FIRST_CHUNK_IMMEDIATELY, True):
-            return StreamBatcher(stamped, interval_ms=interval_ms).stream()
+        configs = llm_config.experimental_configs
+        if configs.get(FIRST_CHUNK_IMMEDIATELY, True):
+            load = getattr(self, "_stream_load", None)
+            if load is None:
+                load = self._stream_load = StreamLoad(
+                    interval_ms or 0, configs.get(STREAM_MAX_INTERVAL_MS, interval_ms or 0),
+                    configs.get(STREAM_MAX_MESSAGES_PER_S, 0))
+            return StreamBatcher(generator, interval_ms=interval_ms, load=load, clock=clock).stream()
+        stamped = stamp_first(generator, clock, called="engine_called", first="engine_first_chunk")
         return Batcher(stamped, interval_ms=interval_ms).stream()
 
 
@@ -105,6 +136,7 @@ class _OnePathMetered(_MeteredMixin):
     async def __init__(self, llm_config: LLMConfig, **kwargs):
         self._init_metrics(llm_config, mode=self.MODE, role=self.ROLE)
         await super().__init__(llm_config, **kwargs)
+        settle_serving_process()
 
     async def chat(self, request: ChatCompletionRequest, raw_request_info: Optional[RawRequestInfo] = None):
         return await self._serve_metered(request, raw_request_info, super().chat)
@@ -200,6 +232,7 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
             "SelectiveDecodeServer ready: prompts with fewer than %d tokens are prefilled locally on decode",
             remote_prefill_min_tokens,
         )
+        settle_serving_process()
 
     async def _maybe_prewarm(self) -> None:
         """Ray's pre-warm (kv_transfer.prewarm: one tiny request through every prefill replica, so the NIXL
