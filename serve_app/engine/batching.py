@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncGenerator, AsyncIterator, Iterable, Optional, TypeVar
 
-from ray.llm._internal.serve.utils.batcher import Batcher
 
+from serve_app.upstream import Batcher
 from serve_app.telemetry.hops import HopClock
 
 T = TypeVar("T")

@@ -16,22 +16,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
-from ray.llm._internal.serve.core.protocol import RawRequestInfo
-from ray.llm._internal.serve.core.server.llm_server import LLMServer
-from ray.llm._internal.serve.observability.logging import get_logger
-from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (
-    PDDecodeServer,
-    PDPrefillServer,
-)
 from ray.serve.handle import DeploymentHandle
 from ray.serve.llm import LLMConfig
 
-from ray.llm._internal.serve.utils.batcher import Batcher
 
+from serve_app.upstream import (
+    Batcher,
+    ChatCompletionRequest,
+    CompletionRequest,
+    LLMServer,
+    PDDecodeServer,
+    PDPrefillServer,
+    RawRequestInfo,
+    get_logger,
+)
 from serve_app.telemetry import hops
 from serve_app.engine.batching import StreamBatcher, stamp_first
 from serve_app.telemetry.hops import HopClock
