@@ -161,7 +161,7 @@ class LocalStack:
 
     def _deploy_and_wait(self, timeout_s: float) -> None:
         import ray
-        from ray.serve._private import api as serve_api
+        from serve_app.upstream import serve_private_api as serve_api
         from ray.serve.schema import ServeDeploySchema
 
         schema = ServeDeploySchema.model_validate(self.serve_config)

@@ -17,14 +17,16 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 from ray import serve
-from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
-from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
-from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
-from ray.llm._internal.serve.core.server.builder import build_llm_deployment
-from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
 from ray.serve.deployment import Application
 from ray.serve.llm import LLMConfig
 
+from serve_app.upstream import (
+    PDServingArgs,
+    build_llm_deployment,
+    make_fastapi_ingress,
+    maybe_apply_llm_deployment_config_defaults,
+    to_model_metadata,
+)
 from serve_app.config import AppConfig
 from serve_app.frontend.app import ENDPOINTS, make_app
 from serve_app.frontend.ingress import BoundedOpenAiIngress

@@ -18,10 +18,9 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
-from vllm.v1.metrics.loggers import StatLoggerBase
-
 from serve_app.autoscaling import policy
 from serve_app.telemetry.logs import get_logger
+from serve_app.upstream import StatLoggerBase
 
 logger = get_logger(__name__)
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncGenerator, AsyncIterator, Iterable, List, Optional, TypeVar
 
-from ray.llm._internal.serve.utils.batcher import Batcher
 
+from serve_app.upstream import Batcher
 from serve_app.telemetry.hops import HopClock
 
 T = TypeVar("T")

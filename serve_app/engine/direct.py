@@ -31,8 +31,8 @@ import asyncio
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI
-from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
 
+from serve_app.upstream import to_model_metadata
 from serve_app.config import AppConfig
 from serve_app.telemetry.logs import get_logger
 

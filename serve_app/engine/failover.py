@@ -36,17 +36,17 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, Callable, Optional
 
-from ray.llm._internal.common.patches.vllm.tokenize_once import reuse_prompt_token_ids
-from ray.llm._internal.serve.core.configs.openai_api_models import (
+from ray.serve.handle import DeploymentHandle
+
+from serve_app.upstream import (
     ChatCompletionRequest,
     ErrorInfo,
     ErrorResponse,
+    LLMServer,
+    get_serve_request_id,
+    reuse_prompt_token_ids,
+    session_id_from_headers,
 )
-from ray.llm._internal.serve.core.server.llm_server import LLMServer
-from ray.llm._internal.serve.utils.server_utils import get_serve_request_id
-from ray.serve._private.http_util import session_id_from_headers
-from ray.serve.handle import DeploymentHandle
-
 from serve_app.config import FailoverSpec
 from serve_app.frontend.containment import engine_died_running
 from serve_app.frontend.errors import ENGINE_DEAD_MARK, KILLED_ENGINE_TYPE

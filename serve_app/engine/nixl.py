@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker as _worker
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector, NixlPushConnector
+from serve_app.upstream import NixlConnector, NixlPushConnector
+from serve_app.upstream import nixl_base_worker as _worker
 
 __all__ = ["NixlConnector", "NixlPushConnector", "MODULE_PATH"]
 

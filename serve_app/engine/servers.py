@@ -16,24 +16,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
-from ray.llm._internal.serve.core.protocol import RawRequestInfo
-from ray.llm._internal.serve.core.server.llm_server import LLMServer
-from ray.llm._internal.serve.observability.logging import get_logger
-from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import (
-    PDDecodeServer,
-    PDPrefillServer,
-)
 from ray.serve.handle import DeploymentHandle
 from ray.serve.llm import LLMConfig
 
-from ray.llm._internal.serve.utils.batcher import Batcher
-
 from serve_app.autoscaling import signals as engine_signals
 from serve_app.autoscaling.signals import EngineSignals
+from serve_app.upstream import (
+    Batcher,
+    ChatCompletionRequest,
+    CompletionRequest,
+    LLMServer,
+    PDDecodeServer,
+    PDPrefillServer,
+    RawRequestInfo,
+    get_logger,
+)
 from serve_app.telemetry import hops
 from serve_app.engine.batching import StreamBatcher, StreamLoad, stamp_first
 from serve_app.telemetry.hops import HopClock
@@ -63,7 +60,7 @@ def settle_serving_process() -> None:
     import gc
 
     try:
-        from vllm import envs
+        from serve_app.upstream import vllm_envs as envs
 
         envs.enable_envs_cache()
     except (ImportError, AttributeError):  # another vLLM: nothing to turn on

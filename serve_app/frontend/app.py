@@ -24,15 +24,15 @@ from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
-from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException
-from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
-from ray.llm._internal.serve.core.ingress.middleware import SetRequestIdMiddleware
-from ray.llm._internal.serve.observability.metrics.fast_api_metrics import (
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve_app.upstream import (
+    DEFAULT_ENDPOINTS,
+    OpenAIHTTPException,
+    SetRequestIdMiddleware,
     add_http_metrics_middleware,
     metrics_lifespan,
 )
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from serve_app.config import AppConfig, AuthSpec, LimitsSpec
 from serve_app.frontend.auth import ApiKeyAuth
 from serve_app.frontend.errors import REQUEST_ID_HEADER, OpenAIError, error_json, send_error
@@ -218,7 +218,7 @@ def make_app(app_config: Optional[AppConfig] = None) -> FastAPI:
 
 
 ENDPOINTS = {
-    **{name: ray_ingress.DEFAULT_ENDPOINTS[name] for name in ("models", "model_data", "completions", "chat")},
+    **{name: DEFAULT_ENDPOINTS[name] for name in ("models", "model_data", "completions", "chat")},
     "health": lambda app: app.get("/health"),
 }
 

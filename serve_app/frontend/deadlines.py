@@ -22,9 +22,9 @@ import time
 from typing import Any, AsyncIterator, Callable, Optional
 
 from ray.exceptions import ActorUnavailableError, RayActorError
-from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from serve_app.upstream import ErrorResponse
 from serve_app.frontend.containment import dead_before_dispatch, engine_died_running
 from serve_app.frontend.errors import (
     RETRY_HINT,

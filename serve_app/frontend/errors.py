@@ -14,11 +14,8 @@ from typing import Any, Optional
 
 from fastapi import status
 from fastapi.responses import JSONResponse
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ErrorInfo,
-    ErrorResponse,
-    OpenAIHTTPException,
-)
+
+from serve_app.upstream import ErrorInfo, ErrorResponse, OpenAIHTTPException
 
 REQUEST_ID_HEADER = "x-request-id"
 # vLLM's EngineDeadError message, also what its serving layer puts in an in-band error when the engine died.

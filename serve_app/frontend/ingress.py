@@ -34,13 +34,19 @@ from typing import Any, Callable, Optional, Sequence
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
-from ray.llm._internal.serve.core.ingress import ingress as ray_ingress
-from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
-from ray.llm._internal.serve.core.protocol import RawRequestInfo
-from ray.serve._private.http_util import session_id_from_headers
 from ray.serve.exceptions import RayServeException
 
+from serve_app.upstream import (
+    NON_STREAMING_RESPONSE_TYPES,
+    ChatCompletionRequest,
+    ErrorResponse,
+    OpenAiIngress,
+    RawRequestInfo,
+    openai_json_wrapper,
+    peek_at_generator,
+    sanitize_chat_completion_request,
+    session_id_from_headers,
+)
 from serve_app.config import AppConfig
 from serve_app.frontend.admission import Admission, ReleasingResponse
 from serve_app.frontend.app import hop_clock, request_id, take_replica_stamps
@@ -266,13 +272,13 @@ class BoundedOpenAiIngress(OpenAiIngress):
         """Ray's, without its fixed 600 s router timeout around the first response (the deadlines in
         `_get_response` bound every wait, scaled for non-streamed responses) and with OpenAI-shaped errors."""
         gen = self._get_response(body=body, call_method=call_method, raw_request=raw_request)
-        initial, gen = await ray_ingress._peek_at_generator(gen)
+        initial, gen = await peek_at_generator(gen)
         first = initial[0] if isinstance(initial, list) and initial else initial
-        if isinstance(first, ray_ingress.ErrorResponse):  # bounded_chunks maps errors; this is a safety net
+        if isinstance(first, ErrorResponse):  # bounded_chunks maps errors; this is a safety net
             raise OpenAIError.from_engine(first, f"{call_method} request")
-        if isinstance(first, ray_ingress.NON_STREAMING_RESPONSE_TYPES):
+        if isinstance(first, NON_STREAMING_RESPONSE_TYPES):
             return JSONResponse(content=first.model_dump())
-        return StreamingResponse(ray_ingress._openai_json_wrapper(gen), media_type="text/event-stream")
+        return StreamingResponse(openai_json_wrapper(gen), media_type="text/event-stream")
 
     async def _get_response(self, *, body, call_method: str, raw_request=None):
         """Ray's `_get_response` (handle call to the serving deployment), plus: deadlines, a role that
@@ -286,7 +292,7 @@ class BoundedOpenAiIngress(OpenAiIngress):
             if session_id:
                 handle = handle.options(session_id=session_id)
         if isinstance(body, ChatCompletionRequest):
-            body = ray_ingress._sanitize_chat_completion_request(body)
+            body = sanitize_chat_completion_request(body)
         raw_info = RawRequestInfo.from_starlette_request(raw_request) if raw_request is not None else None
         if raw_info is not None:
             # The client's key stays here: the engines (and vLLM's raw request) never see it.

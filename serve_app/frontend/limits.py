@@ -35,9 +35,8 @@ import re
 from typing import Any, Iterable, Optional, Union
 
 from pydantic import ValidationError
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
-from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
 
+from serve_app.upstream import ChatCompletionRequest, CompletionRequest, sanitize_chat_completion_request
 from serve_app.config import LimitsSpec
 from serve_app.frontend.errors import OpenAIError, send_error
 from serve_app.telemetry.logs import get_logger
@@ -252,7 +251,7 @@ def _validate_request(
     request = _pydantic(cls, data)
     if isinstance(request, ChatCompletionRequest):
         try:
-            request = _sanitize_chat_completion_request(request)
+            request = sanitize_chat_completion_request(request)
         except (TypeError, ValueError) as exc:
             raise invalid("messages", f"Invalid value for 'messages': {exc}") from None
     _check_limits(request, limits, max_model_len)

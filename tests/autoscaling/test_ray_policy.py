@@ -14,10 +14,11 @@ import pickle
 
 import pytest
 from ray import cloudpickle
-from ray.serve._private.autoscaling_state import _resolve_policy_callable
-from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.autoscaling_policy import _apply_app_level_autoscaling_config
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
+
+from serve_app.upstream import DeploymentID, ReplicaID
+from serve_app.upstream import resolve_policy_callable as _resolve_policy_callable
 
 from serve_app.autoscaling import policy
 from serve_app.autoscaling.ray_policy import LOG_PREFIX, CoupledPolicy, signals_from_context

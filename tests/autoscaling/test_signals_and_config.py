@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-from vllm.v1.metrics.loggers import StatLoggerManager
-from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
 from serve_app.autoscaling import policy
 from serve_app.autoscaling.signals import EngineSignals, attach
+from serve_app.upstream import IterationStats, SchedulerStats, StatLoggerManager
 from serve_app.config import COUPLED_POLICY_FUNCTION, AppConfig
 from serve_app.llm_configs import role_llm_config
 

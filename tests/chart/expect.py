@@ -200,7 +200,13 @@ def check_rayservice(r: Rendered) -> None:
     assert rs["metadata"]["name"] == fullname(r)
     assert len(rs["metadata"]["name"]) <= 47
     spec = rs["spec"]
-    assert spec["upgradeStrategy"] == {"type": v["upgradeStrategy"]["type"]}
+    upgrade = v["upgradeStrategy"]
+    if upgrade["type"] == "NewClusterWithIncrementalUpgrade":
+        options = {k: val for k, val in upgrade["clusterUpgradeOptions"].items() if val is not None}
+        assert spec["upgradeStrategy"] == {"type": upgrade["type"], "clusterUpgradeOptions": options}
+        assert rs["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True, "KubeRay requires the autoscaler"
+    else:  # the options only with the strategy that reads them (KubeRay 1.5/1.6 reject them without the gate)
+        assert spec["upgradeStrategy"] == {"type": upgrade["type"]}
     if v.get("rayClusterDeletionDelaySeconds") is None:
         assert "rayClusterDeletionDelaySeconds" not in spec
     else:

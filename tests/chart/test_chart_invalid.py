@@ -28,6 +28,9 @@ GPU8 = {"tensorParallelSize": 8, "gpusPerHost": 8}
 EFA = {"efa": {"enabled": True}}
 SCHEMA = "values don't meet the specifications of the schema"
 OVERFLOW = {"enabled": True, "baseUrl": "https://api.example.com/v1"}
+INCREMENTAL = {"type": "NewClusterWithIncrementalUpgrade"}
+INCREMENTAL_OPTIONS = {"stepSizePercent": 10, "intervalSeconds": 30, "gatewayClassName": "istio"}
+AUTOSCALED = {"decode": {"autoscaling": {"enabled": True}}}
 
 
 @dataclass
@@ -362,6 +365,25 @@ INVALID: list[Bad] = [
     Bad("schema-role-label-key-reserved", {"placement": {"roleLabelKey": "ray.io/role"}}, "placement.roleLabelKey", "the ray.io/ prefix Ray reserves"),
     Bad("schema-efa-devices-zero", {**EFA, "decode": {"efaDevicesPerHost": 0}}, "decode.efaDevicesPerHost", "minimum"),
     Bad("schema-upgrade-strategy", {"upgradeStrategy": {"type": "Recreate"}}, "upgradeStrategy.type", "must be one of"),
+    Bad("incremental-without-options", {"upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade"}, **AUTOSCALED},
+        "upgradeStrategy.clusterUpgradeOptions.stepSizePercent", "percent of traffic moved per step"),
+    Bad("incremental-without-gateway-class", {"upgradeStrategy": {**INCREMENTAL, "clusterUpgradeOptions": {
+            "stepSizePercent": 10, "intervalSeconds": 30}}, **AUTOSCALED},
+        "upgradeStrategy.clusterUpgradeOptions.gatewayClassName", "name an installed GatewayClass"),
+    Bad("incremental-surge-above-100", {"upgradeStrategy": {**INCREMENTAL, "clusterUpgradeOptions": {
+            **INCREMENTAL_OPTIONS, "maxSurgePercent": 150}}, **AUTOSCALED},
+        "upgradeStrategy.clusterUpgradeOptions.maxSurgePercent", "maximum"),
+    Bad("incremental-interval-zero", {"upgradeStrategy": {**INCREMENTAL, "clusterUpgradeOptions": {
+            **INCREMENTAL_OPTIONS, "intervalSeconds": 0}}, **AUTOSCALED},
+        "upgradeStrategy.clusterUpgradeOptions.intervalSeconds", "minimum"),
+    Bad("incremental-unknown-option", {"upgradeStrategy": {**INCREMENTAL, "clusterUpgradeOptions": {
+            **INCREMENTAL_OPTIONS, "maxUnavailable": 1}}, **AUTOSCALED},
+        "upgradeStrategy.clusterUpgradeOptions.maxUnavailable", "additional properties"),
+    Bad("incremental-step-above-surge", {"upgradeStrategy": {**INCREMENTAL, "clusterUpgradeOptions": {
+            **INCREMENTAL_OPTIONS, "maxSurgePercent": 20, "stepSizePercent": 50}}, **AUTOSCALED},
+        "upgradeStrategy.clusterUpgradeOptions.stepSizePercent", "is above maxSurgePercent (20)"),
+    Bad("incremental-without-autoscaling", {"upgradeStrategy": {**INCREMENTAL, "clusterUpgradeOptions": INCREMENTAL_OPTIONS}},
+        "upgradeStrategy.type", "needs the Ray autoscaler"),
     Bad("schema-image-digest", {"image": {"digest": "sha256:abc"}}, "image.digest", "64 lower-case hex"),
     Bad("schema-network-policy-peer", {"networkPolicy": {"serve": {"from": [{"podSelectr": {}}]}}},
         "networkPolicy.serve.from.0.podSelectr", "additional properties"),

@@ -84,6 +84,14 @@ MATRIX: dict[str, dict] = {
     "existing-service-account": {"serviceAccount": {"create": False, "name": "llm-sa"}},
     "tests-disabled": {"tests": {"enabled": False}},
     "fullname-override": {"fullnameOverride": "my-llm"},
+    "upgrade-incremental": {"upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
+                                "maxSurgePercent": 50, "stepSizePercent": 25, "intervalSeconds": 30,
+                                "gatewayClassName": "istio"}},
+                            "decode": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2}}},
+    "upgrade-incremental-default-surge": {"mode": "aggregated", "upgradeStrategy": {
+                                              "type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
+                                                  "stepSizePercent": 100, "intervalSeconds": 1, "gatewayClassName": "eg"}},
+                                          "decode": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2}}},
     "upgrade-none-timeouts-annotations": {"upgradeStrategy": {"type": "None"}, "rayClusterDeletionDelaySeconds": 30,
                                           "initializingTimeout": "90m", "annotations": {"team": "ml"}},
     "image-digest": {"image": {"digest": "sha256:" + "a" * 64}},

@@ -150,7 +150,7 @@ def provoke_nixl_failures(stack: LocalStack) -> None:
     """
     import ray
     from ray import serve
-    from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest
+    from serve_app.upstream import CompletionRequest
 
     async def run() -> None:
         handle = serve.get_deployment_handle(f"Prefill:{MODEL_ID}", app_name=APP).options(stream=True)

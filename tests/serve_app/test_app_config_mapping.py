@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
 
+from serve_app.upstream import PDServingArgs
 from serve_app.builder import AppConfigError, llm_configs, parse_app_config
 from serve_app.config import DEFAULT_ROLE_LABEL_KEY, AppConfig
 from serve_app.llm_configs import EDGE_CALLBACK, EDGE_CALLBACK_ENV

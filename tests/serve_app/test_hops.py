@@ -7,8 +7,8 @@ import time
 from typing import AsyncGenerator
 
 import pytest
-from ray.llm._internal.serve.utils.batcher import Batcher
 
+from serve_app.upstream import Batcher
 from serve_app.telemetry import hops
 from serve_app.engine.batching import StreamBatcher, stamp_first
 from serve_app.telemetry.hops import HopClock, ReplicaStamps

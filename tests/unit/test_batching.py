@@ -8,9 +8,9 @@ import time
 from typing import AsyncGenerator
 
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 
 from serve_app.config import AppConfig
+from serve_app.upstream import ErrorInfo, ErrorResponse
 from serve_app.engine.batching import StreamBatcher, StreamLoad, batch_interval_s, merge_chunks
 from serve_app.llm_configs import STREAM_MAX_INTERVAL_MS, STREAM_MAX_MESSAGES_PER_S, experimental_configs
 from serve_app.telemetry.hops import HopClock
@@ -110,7 +110,7 @@ def test_rays_paths_still_stamp_the_clock(interval_ms) -> None:
 def test_the_serving_process_settles_like_vllms_own_after_start_up() -> None:
     import gc
 
-    from vllm import envs
+    from serve_app.upstream import vllm_envs as envs
 
     from serve_app.engine.servers import settle_serving_process
 

@@ -9,9 +9,8 @@ from typing import Any, AsyncIterator, Optional
 
 import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
-from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest, ErrorInfo, ErrorResponse
-from vllm.v1.engine.exceptions import EngineDeadError
 
+from serve_app.upstream import CompletionRequest, EngineDeadError, ErrorInfo, ErrorResponse
 from serve_app.config import ContainmentSpec, FailoverSpec
 from serve_app.frontend.containment import (
     Containment,
@@ -261,7 +260,7 @@ class NoRoles:
 
 
 def run_ladder(exc: BaseException, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[str], list[str]]:
-    from ray.llm._internal.serve.core.server.llm_server import LLMServer
+    from serve_app.upstream import LLMServer
 
     from serve_app.engine import failover as failover_module
 

@@ -13,10 +13,9 @@ from typing import Any, AsyncIterator, Callable, Optional
 import httpx
 import pytest
 from ray.exceptions import RayTaskError
-from ray.llm._internal.serve.core.configs.openai_api_models import CompletionResponse, ModelCard
-from vllm.v1.engine.exceptions import EngineDeadError
 
 from serve_app import roles
+from serve_app.upstream import CompletionResponse, EngineDeadError, ModelCard
 from serve_app.config import AppConfig
 from serve_app.engine.direct import LocalServerHandle
 from serve_app.frontend.app import ENDPOINTS, make_app

@@ -282,8 +282,8 @@ def test_a_non_streamed_deadline_grows_with_max_tokens() -> None:
 def test_serves_own_http_servers_get_the_edge_guard() -> None:
     """The frontend (and every engine role, for direct streaming) names the callback Serve calls for its HTTP
     server's middlewares, and the callback gives what Serve accepts."""
-    from ray._common.utils import import_attr
-    from ray.serve._private.http_util import validate_http_proxy_callback_return
+    from serve_app.upstream import import_attr
+    from serve_app.upstream import validate_http_proxy_callback_return
 
     from serve_app.config import AppConfig
     from serve_app.llm_configs import EDGE_CALLBACK, EDGE_CALLBACK_ENV, frontend_deployment_config, runtime_env

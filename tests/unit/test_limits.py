@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
 
+from serve_app.upstream import ChatCompletionRequest, CompletionRequest
 from serve_app.config import LimitsSpec
 from serve_app.frontend import limits as limits_module
 from serve_app.frontend.errors import OpenAIError

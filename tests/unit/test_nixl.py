@@ -12,7 +12,7 @@ from serve_app.llm_configs import NIXL_CONNECTOR_MODULE
 
 
 def test_the_module_vllm_loads_exports_vllms_own_connectors_under_their_names() -> None:
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import connector
+    from serve_app.upstream import nixl_connector_module as connector
 
     module = importlib.import_module(NIXL_CONNECTOR_MODULE)
     assert module.NixlConnector is connector.NixlConnector
@@ -21,7 +21,7 @@ def test_the_module_vllm_loads_exports_vllms_own_connectors_under_their_names() 
 
 def test_ucx_only_agents_get_no_progress_thread_other_backends_keep_it() -> None:
     importlib.import_module(NIXL_CONNECTOR_MODULE)
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+    from serve_app.upstream import nixl_base_worker as base_worker
 
     ucx = base_worker.nixl_agent_config(num_threads=4, capture_telemetry=True)  # vLLM's UCX-only call
     efa = base_worker.nixl_agent_config(backends=["LIBFABRIC"], capture_telemetry=True)
@@ -32,7 +32,7 @@ def test_ucx_only_agents_get_no_progress_thread_other_backends_keep_it() -> None
 
 
 def _idle_cpu_of_an_agent(tmp_name: str) -> float:
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+    from serve_app.upstream import nixl_base_worker as base_worker
 
     agent = base_worker.NixlWrapper(tmp_name, base_worker.nixl_agent_config(num_threads=1))
     before = resource.getrusage(resource.RUSAGE_SELF)

@@ -250,6 +250,17 @@ defaults as in AppConfig.admission_limits): beyond frontend.maxOngoingRequests S
 {{- $errs = append $errs (printf "admission: %s = %d exceeds frontend.maxOngoingRequests (%d): Serve would queue the rest without bound before admission control sees it. Raise frontend.maxOngoingRequests, or lower them." (join " + " $parts) $wanted $maxOngoing) -}}
 {{- end -}}
 
+{{- /* NewClusterWithIncrementalUpgrade: what KubeRay checks when it reconciles (so it fails here, at install) */ -}}
+{{- if eq $V.upgradeStrategy.type "NewClusterWithIncrementalUpgrade" -}}
+{{- $o := $V.upgradeStrategy.clusterUpgradeOptions -}}
+{{- if not (include "ray-llm-disagg.autoscaling" .) -}}
+{{- $errs = append $errs (printf "upgradeStrategy.type: NewClusterWithIncrementalUpgrade needs the Ray autoscaler (KubeRay refuses the RayService without it): set autoscaling.enabled on %s, or use NewCluster." (ternary "prefill or decode" "decode" $disagg)) -}}
+{{- end -}}
+{{- if and (not (kindIs "invalid" $o.maxSurgePercent)) (not (kindIs "invalid" $o.stepSizePercent)) (gt (int $o.stepSizePercent) (int $o.maxSurgePercent)) -}}
+{{- $errs = append $errs (printf "upgradeStrategy.clusterUpgradeOptions.stepSizePercent (%d) is above maxSurgePercent (%d): KubeRay moves at most as much traffic per step as the new cluster gained capacity." (int $o.stepSizePercent) (int $o.maxSurgePercent)) -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* The app's API keys: one source */ -}}
 {{- if and $apiKeys (index (default dict $V.auth) "apiKeysFile") -}}
 {{- $errs = append $errs "auth.apiKeysFile: set together with auth.apiKeySecret, which already sets the app's keys file; use one of them." -}}
