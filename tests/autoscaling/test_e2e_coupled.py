@@ -7,6 +7,9 @@ Phases (closed-loop clients against the OpenAI endpoint):
   trickle        one client, alternating both kinds, while both roles scale back in
 What the policy decided is read from its RLD_AUTOSCALE lines in the Serve controller's log; what Serve did, from
 serve.status() (RUNNING replicas per role).
+
+Then the chart's dashboard row and alert on the policy's gauges are checked against a scrape of this stack (the
+shared stack of tests/monitoring runs perDeployment and never exports them).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import pytest
 from devstack.serve_config import MODEL_ID
 from devstack.stack import LocalStack
 from serve_app.autoscaling.ray_policy import LOG_PREFIX
+from tests.chart.monitoring_queries import parse_promql, recorded_names, shipped_queries
+from tests.monitoring.monitoring_live import Scrape, scrape_all
+from tests.monitoring.test_metric_names import COUPLED_ONLY, PROMETHEUS_MADE, Exported, check
 
 from .conftest import API_KEY, APP, DOWNSCALE_DELAY_S
 
@@ -172,3 +178,32 @@ def test_each_role_scales_on_its_own_pressure_and_both_come_back(stack: LocalSta
     assert decode_down and decode_down[0] - stopped >= DOWNSCALE_DELAY_S, "decode scaled in before downscale_delay_s"
     assert not failures, f"{len(failures)} failed requests:\n" + "\n".join(failures[:10])
     print("\n".join(timeline))
+
+
+def test_the_dashboard_row_and_alert_select_what_the_coupled_app_exports(stack: LocalStack) -> None:
+    """tests/monitoring's check, on the queries it defers here: every rule and panel query that selects a coupled
+    policy gauge (COUPLED_ONLY) finds each metric, label and label value it selects in a scrape of this stack, every
+    node labelled as the chart's PodMonitor labels it. Nothing is allowed but series Prometheus makes itself."""
+    t0 = time.monotonic()
+    scrapes = []
+    for _ in range(3):  # Ray's agent exports every 2 s here (devstack.cluster.METRICS_REPORT_INTERVAL_MS)
+        scrapes.append(Scrape(time.monotonic() - t0, scrape_all(stack)))
+        time.sleep(3)
+    exported = Exported(scrapes)
+    queries = shipped_queries()
+    parsed = parse_promql(queries)
+    ours = {k: q for k, q in queries.items() if any(s["name"] in COUPLED_ONLY for s in parsed[k]["selectors"])}
+    assert {s["name"] for k in ours for s in parsed[k]["selectors"]} >= COUPLED_ONLY
+    report = check(ours, exported, PROMETHEUS_MADE | recorded_names())
+    assert not report, "queries that select what the coupled app does not export:\n" + "\n".join(
+        f"  {k}: {p}" for k, ps in report.items() for p in ps)
+    # the controller (head pod) exports them for both roles; both nodes have room for 2 replicas: never unreachable
+    for name in COUPLED_ONLY:
+        assert exported.labels[name]["role"] == {"prefill", "decode"}, name
+        assert exported.labels[name]["ray_io_group"] == {"headgroup"}, name
+        assert exported.labels[name]["application"] == {APP}, name
+    last = scrapes[-1].samples
+    assert {s.value for s in last if s.name == "ray_rld_role_target_unreachable"} == {0.0}
+    targets = {s.label("role"): s.value for s in last if s.name == "ray_rld_role_target_replicas"}
+    assert set(targets) == {"prefill", "decode"} and set(targets.values()) <= {1.0, 2.0}, targets
+    print(f"{len(ours)} queries on {sorted(COUPLED_ONLY)} checked against the coupled stack: {sorted(ours)}")

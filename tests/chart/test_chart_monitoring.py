@@ -265,7 +265,7 @@ def test_every_alert_has_a_runbook_entry_and_says_what_happened() -> None:
         "RLDTTFTBudgetBurn", "RLDITLBudgetBurn", "RLDPrefillQueueSaturated", "RLDDecodeKVCacheNearFull",
         "RLDPrefillDecodeImbalance", "RLDDecodeOnlyFallback", "RLDRemotePrefillWithoutKV", "RLDOverflowActive",
         "RLDOverflowFailing", "RLDAdmissionRejections", "RLDPrefillFailovers", "RLDRoleUnavailable",
-        "RLDRequestKilledEngine"}
+        "RLDRequestKilledEngine", "RLDRoleTargetUnreachable"}
     source = yaml.safe_load((CHART / "schema" / "chart.yaml").read_text())
     disabled_enum = source["properties"]["monitoring"]["properties"]["prometheusRule"]["properties"]["disabled"]["items"]["enum"]
     assert set(disabled_enum) == alert_names(spec), "schema/chart.yaml's list of alert names is stale"

@@ -63,7 +63,7 @@ def test_monitoring_objects_install_and_the_pod_monitor_selects_every_ray_pod(mo
     rule = kube.custom.get_namespaced_custom_object(MONITORING, "v1", ns, "prometheusrules", rel.rayservice_name)
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert {"RLDDecodeOnlyFallback", "RLDPrefillFailovers", "RLDRoleUnavailable", "RLDRequestKilledEngine"} <= alerts
-    assert len(alerts) == 17, alerts
+    assert len(alerts) == 18, alerts
     dashboards = kube.core.list_namespaced_config_map(ns, label_selector="grafana_dashboard=1").items
     assert [cm.metadata.name for cm in dashboards] == [f"{rel.rayservice_name}-dashboard"]
 
