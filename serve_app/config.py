@@ -260,7 +260,8 @@ class LimitsSpec(StrictModel):
         "more: 400 before anything else is validated.",
     )
     max_stop: int = Field(
-        default=16, ge=0, description="Most `stop` strings (each is checked on every generated token)."
+        default=4, ge=0, description="Most `stop` strings (each is checked on every generated token). OpenAI's "
+        "limit, and all that vLLM >= 0.29's request models accept: more than 4 is refused there anyway.",
     )
     max_stop_chars: int = Field(default=256, ge=1, description="Longest single `stop` string, in characters.")
     max_logit_bias: int = Field(default=300, ge=0, description="Most `logit_bias` entries (OpenAI's limit).")

@@ -97,6 +97,9 @@ NAMES: dict[str, Name] = {
     "serve_private_api": Name("ray.serve._private.api", None, "devstack: serve_start with the stack's HTTP port"),
     # --- vLLM ---
     "EngineDeadError": Name("vllm.v1.engine.exceptions", "EngineDeadError", "containment"),
+    "VLLMClientError": Name(
+        "vllm.exceptions", "VLLMClientError", "vLLM's 4xx errors (VLLMValidationError...): no ValueErrors since 0.29"
+    ),
     "OpenAIServingChat": Name(
         "vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "prompt token count (chat)"
     ),

@@ -29,6 +29,7 @@ from serve_app.upstream import (
     PDDecodeServer,
     PDPrefillServer,
     RawRequestInfo,
+    VLLMClientError,
     get_logger,
 )
 from serve_app.telemetry import hops
@@ -316,7 +317,7 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
             else:
                 serving = self.engine._oai_serving_completion
                 inputs = await serving.render_completion_request(copy)
-        except ValueError as exc:  # vLLM's validation errors (VLLMValidationError is a ValueError)
+        except (ValueError, VLLMClientError) as exc:  # vLLM's validation errors (VLLMValidationError, 4xx)
             logger.info("selective disaggregation: prompt rejected by the renderer (%s); serving locally", exc)
             return 0
         if _is_vllm_error(inputs):

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from serve_app.upstream import ErrorResponse
+from serve_app.upstream import ErrorResponse, VLLMClientError
 from serve_app.frontend.containment import dead_before_dispatch, engine_died_running
 from serve_app.frontend.errors import (
     RETRY_HINT,
@@ -166,7 +166,7 @@ def _engine_failure(exc: BaseException, what: str, limit: float, started: bool) 
     if isinstance(exc, ENGINE_UNAVAILABLE):
         return EngineUnavailable(f"{what}: the engine replica is unavailable. {RETRY_HINT}")
     cause = getattr(exc, "cause", None)
-    if isinstance(cause, ValueError) and not started:
+    if isinstance(cause, (ValueError, VLLMClientError)) and not started:
         # vLLM's validation errors raised instead of returned: the request is the problem.
         return OpenAIError(400, f"{what}: {client_text(cause) or 'the engine rejected the request'}")
     return EngineUnavailable(f"{what}: the engine failed. {RETRY_HINT}")

@@ -336,6 +336,12 @@ def _pydantic(cls: type, data: dict[str, Any]) -> Request:
 def _describe_validation_error(exc: ValidationError, data: dict[str, Any]) -> tuple[Optional[str], str]:
     errors = exc.errors(include_url=False)
     first = errors[0] if errors else {}
+    if first.get("type", "").endswith("_type"):
+        # A union (`stop: str | list[str]`) reports one error per branch, the branch the value is not first
+        # ("Input should be a valid string" for a list of 5): say what is wrong with the branch it is.
+        field = first.get("loc", ())[:1]
+        first = next((e for e in errors if e.get("loc", ())[:1] == field and not e.get("type", "").endswith("_type")),
+                     first)
     cause = (first.get("ctx") or {}).get("error")
     message = str(cause) if cause is not None else str(first.get("msg", "invalid value"))
     message = _one_line(re.sub(r"^Value error, ", "", message)).rstrip(".")

@@ -302,3 +302,22 @@ def test_prefill_replica_that_was_already_dead_still_fails_over(monkeypatch: pyt
     assert calls == ["p0", "p1", "fallback"]  # another replica, then decode itself: the ladder as before
     assert counted == ["replica_failed->fallback", "replica_failed->fallback"]
     assert chunks == ["data: local\n\n"]
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_a_validation_error_the_engine_raises_is_the_clients_400_before_the_first_chunk(started: bool) -> None:
+    """vLLM raises its request errors (VLLMValidationError: a VLLMClientError, no longer a ValueError since 0.29,
+    and still a ValueError before): before anything was sent that is the client's 400, not "the engine failed"."""
+    from serve_app.frontend.deadlines import _engine_failure
+    from serve_app.upstream import VLLMClientError
+
+    class TooLong(VLLMClientError):
+        pass
+
+    for cause in (TooLong("This model's maximum context length is 512 tokens"), ValueError("bad prompt")):
+        error = _engine_failure(remote(cause), "completions request", 60.0, started)
+        if started:
+            assert isinstance(error, EngineUnavailable)
+        else:
+            assert error.status_code == 400, error.message
+            assert str(cause) in error.message

@@ -115,7 +115,7 @@ def test_param_search_is_bounded_by_the_message_not_the_body() -> None:
 @pytest.mark.parametrize(
     ("data", "param"),
     [
-        (chat(stop=[f"s{i}" for i in range(17)]), "stop"),
+        (chat(stop=[f"s{i}" for i in range(5)]), "stop"),
         (chat(stop=["x" * 257]), "stop"),
         (chat(stop=["ok", 3]), "stop.1"),
         (chat(logit_bias={str(i): 1 for i in range(301)}), "logit_bias"),
@@ -143,8 +143,15 @@ def test_each_cap_is_a_400_naming_the_field(validations: list[str], data: dict[s
     assert validations == []  # refused on the raw JSON, before pydantic parses any of it
 
 
+def test_a_union_field_error_names_what_is_wrong_with_the_branch_the_value_is() -> None:
+    """`stop` is `str | list[str]` (at most 4 since vLLM 0.29): five strings are "at most 4 items", not "should
+    be a valid string" (the other branch's error)."""
+    error = refuse(chat(stop=[f"s{i}" for i in range(5)]), "chat", limits=LimitsSpec(max_stop=8))
+    assert error.param == "stop" and "at most 4 items" in error.message, error.message
+
+
 def test_within_the_caps_is_accepted() -> None:
-    validate_request(chat(stop=[f"s{i}" for i in range(16)], logit_bias={"1": 2}, top_logprobs=None, echo=True),
+    validate_request(chat(stop=[f"s{i}" for i in range(4)], logit_bias={"1": 2}, top_logprobs=None, echo=True),
                      "chat", limits=LIMITS, models=[MODEL])
     validate_request(completion(bad_words=["a"] * 64, echo=True), "completions", limits=LIMITS, models=[MODEL])
     validate_request(completion(echo=True, logprobs=2, prompt_logprobs=2), "completions",
