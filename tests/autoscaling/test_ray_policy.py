@@ -9,6 +9,8 @@ factors and upscale/downscale delays from each deployment's `autoscaling_config`
 
 from __future__ import annotations
 
+import inspect
+
 import logging
 import pickle
 
@@ -44,7 +46,7 @@ def context(app: AppConfig, role: str, *, running: int, target: int, per_replica
     replicas = [ReplicaID(unique_id=f"{role}-{i}", deployment_id=dep) for i in range(running)]
     config = AutoscalingConfig(**role_llm_config(app, role)["deployment_config"]["autoscaling_config"])
     metrics = {key: {r: value for r in replicas} for key, value in per_replica.items()}
-    return dep, AutoscalingContext(
+    kwargs = dict(
         deployment_id=dep, deployment_name=dep.name, app_name=APP,
         current_num_replicas=running, target_num_replicas=target, running_replicas=replicas,
         total_num_requests=0.0, total_queued_requests=0.0,
@@ -53,6 +55,9 @@ def context(app: AppConfig, role: str, *, running: int, target: int, per_replica
         policy_state=state or {}, last_scale_up_time=None, last_scale_down_time=None, current_time=now,
         config=config, total_pending_async_requests=0,
     )
+    # Ray 2.58 has total_pending_async_requests, 2.60 does not: pass what the installed Ray's context takes
+    accepted = inspect.signature(AutoscalingContext.__init__).parameters
+    return dep, AutoscalingContext(**{k: v for k, v in kwargs.items() if k in accepted})
 
 
 def ray_wrapped_policy(app: AppConfig):
