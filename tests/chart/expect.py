@@ -618,6 +618,22 @@ def idle_timeout(v: dict) -> int:
     return math.ceil(max(v["timeouts"]["firstTokenS"], v["timeouts"]["betweenTokensS"])) + 30
 
 
+def ingress_paths(values: dict) -> list[tuple[str, str]]:
+    """What the Ingress must route: ingress.paths (Prefix unless given), else exactly the app's public routes."""
+    if values["ingress"]["paths"]:
+        return [(p["path"], p.get("pathType", "Prefix")) for p in values["ingress"]["paths"]]
+    rp = values["serve"]["routePrefix"].rstrip("/")
+    return [(f"{rp}/v1", "Prefix"), (f"{rp}/health", "Exact")]
+
+
+def reaches_system_paths(path: str, path_type: str) -> bool:
+    """Whether an Ingress path matches a request for Serve's own endpoints (/-/routes, /-/healthz)."""
+    if path_type == "Exact":
+        return path.startswith("/-/")
+    first = [e for e in path.split("/") if e][:1]  # Prefix (and nginx's ImplementationSpecific) match by element
+    return first in ([], ["-"])  # "/" or "/-...": covers /-/routes
+
+
 def check_ingress(r: Rendered) -> None:
     v = r.values["ingress"]
     ings = r.all("Ingress")
@@ -651,9 +667,12 @@ def check_ingress(r: Rendered) -> None:
             assert ann[k] == val
     (rule,) = ing["spec"]["rules"]
     assert rule.get("host") == (v["host"] or None)
-    (path,) = rule["http"]["paths"]
-    assert path["path"] == v["path"] and path["pathType"] == v["pathType"]
-    assert path["backend"]["service"] == {"name": f"{fullname(r)}-serve-svc", "port": {"name": "serve"}}
+    paths = rule["http"]["paths"]
+    assert [(p["path"], p["pathType"]) for p in paths] == ingress_paths(r.values)
+    for p in paths:
+        assert p["backend"]["service"] == {"name": f"{fullname(r)}-serve-svc", "port": {"name": "serve"}}
+        if not v["exposeSystemPaths"]:
+            assert not reaches_system_paths(p["path"], p["pathType"]), f"{p} routes Serve's /-/ endpoints"
     assert (ing["spec"].get("tls") or []) == v["tls"]
 
 

@@ -160,6 +160,11 @@ def test_notes_with_ingress():
     assert "get ingress llm-ray-llm-disagg" in notes
     assert "BASE_URL=http://llm.example.com" in notes
     assert "port-forward svc/llm-ray-llm-disagg-serve-svc" not in notes
+    assert "the Ingress routes only: /v1 (Prefix), /health (Exact)" in notes
+    assert "exposeSystemPaths" not in notes
+    notes = render_notes({"ingress": {"enabled": True, "exposeSystemPaths": True, "paths": [{"path": "/"}]}})
+    assert "the Ingress routes only: / (Prefix)" in notes
+    assert "WARNING: ingress.exposeSystemPaths is on" in notes
 
 
 def test_chart_readme_values_table_is_current():

@@ -65,7 +65,8 @@ MATRIX: dict[str, dict] = {
     "fixed-replicas": {"prefill": {"replicas": 3}, "decode": {"replicas": 2}},
     "ingress-alb": {"ingress": {"enabled": True, "host": "llm.example.com",
                                 "tls": [{"hosts": ["llm.example.com"], "secretName": "llm-tls"}]}},
-    "ingress-no-class": {"ingress": {"enabled": True, "className": "", "annotations": None, "path": "/v1"}},
+    "ingress-no-class": {"ingress": {"enabled": True, "className": "", "annotations": None,
+                                     "paths": [{"path": "/v1"}]}},
     "cpu": {"accelerator": "cpu", "ipcLock": False},
     "cpu-aggregated": {"mode": "aggregated", "accelerator": "cpu"},
     "hf-token-and-tokenizer": {"model": {"hfTokenSecret": {"name": "hf", "key": "hf_token"},
@@ -224,8 +225,13 @@ MATRIX: dict[str, dict] = {
     "scale-to-zero-decode": {"decode": {"replicas": 0, "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2}}},
     "aggregated-ignores-prefill-mistakes": {"mode": "aggregated", "prefill": {"replicas": 0, "pipelineParallelSize": 2}},
     "route-prefix-under-ingress-path": {"serve": {"routePrefix": "/llm"},
-                                        "ingress": {"enabled": True, "path": "/llm", "host": "a.example.com",
+                                        "ingress": {"enabled": True, "paths": [{"path": "/llm"}], "host": "a.example.com",
                                                     "tls": [{"hosts": ["*.example.com"]}]}},
+    "ingress-custom-route-prefix": {"serve": {"routePrefix": "/api/llm/"}, "ingress": {"enabled": True}},
+    "ingress-explicit-paths": {"ingress": {"enabled": True, "className": "nginx", "paths": [
+        {"path": "/v1/chat/completions", "pathType": "Exact"}, {"path": "/v1/models", "pathType": "ImplementationSpecific"},
+        {"path": "/health", "pathType": "Exact"}]}},
+    "ingress-system-paths-opted-in": {"ingress": {"enabled": True, "exposeSystemPaths": True, "paths": [{"path": "/"}]}},
     "image-tag-quoted": {"image": {"tag": "1.10"}, "tests": {"image": {"tag": "8.11.1"}}},
     "aggregated-multi-host-efa-same-zone": {"mode": "aggregated", "efa": {"enabled": True},
                                             "decode": {**GPU8, "tensorParallelSize": 8, "pipelineParallelSize": 2,
@@ -491,3 +497,45 @@ def test_set_flags_work_like_values_files():
     assert r.args["prefill"]["engine_args"]["max_model_len"] == 4096
     assert r.args["prefill"]["side_channel_port"] == 20000
     assert container(r.groups["decode"]["template"])["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
+
+
+def _ingress_paths(r) -> list[tuple[str, str]]:
+    (ing,) = r.all("Ingress")
+    (rule,) = ing["spec"]["rules"]
+    return [(p["path"], p["pathType"]) for p in rule["http"]["paths"]]
+
+
+def test_ingress_routes_only_the_app_by_default():
+    """Issue 18: by default the Ingress routes the app's API and readiness and nothing under /-/ (Serve's
+    /-/routes lists every app and route prefix to anyone); the ALB still checks /-/healthz on the targets."""
+    r = render(values={"ingress": {"enabled": True}})
+    assert _ingress_paths(r) == [("/v1", "Prefix"), ("/health", "Exact")]
+    (ing,) = r.all("Ingress")
+    assert ing["metadata"]["annotations"]["alb.ingress.kubernetes.io/healthcheck-path"] == "/-/healthz"
+    for prefix in ("/llm", "/llm/", "/team/llm"):
+        r = render(values={"serve": {"routePrefix": prefix}, "ingress": {"enabled": True, "className": "nginx"}})
+        base = prefix.rstrip("/")
+        assert _ingress_paths(r) == [(f"{base}/v1", "Prefix"), (f"{base}/health", "Exact")]
+
+
+def test_ingress_routes_the_users_paths():
+    """An explicit ingress.paths replaces the default (pathType Prefix unless given): e.g. the whole routePrefix."""
+    r = render(values={"serve": {"routePrefix": "/llm"}, "ingress": {"enabled": True, "paths": [{"path": "/llm"}]}})
+    assert _ingress_paths(r) == [("/llm", "Prefix")]
+    r = render(values={"ingress": {"enabled": True, "paths": [{"path": "/v1/models", "pathType": "Exact"}]}})
+    assert _ingress_paths(r) == [("/v1/models", "Exact")]
+    r = render(values={"ingress": {"enabled": True, "exposeSystemPaths": True, "paths": [{"path": "/"}]}})
+    assert _ingress_paths(r) == [("/", "Prefix")]
+    # opted in, a path to Serve's own endpoints is taken as it is (Serve answers it; no 404 check)
+    r = render(values={"serve": {"routePrefix": "/llm"}, "ingress": {"enabled": True, "exposeSystemPaths": True, "paths": [
+        {"path": "/llm"}, {"path": "/-/healthz", "pathType": "Exact"}]}})
+    assert _ingress_paths(r) == [("/llm", "Prefix"), ("/-/healthz", "Exact")]
+
+
+@pytest.mark.parametrize("path,path_type,reaches", [
+    ("/", "Prefix", True), ("/-", "Prefix", True), ("/-/", "ImplementationSpecific", True),
+    ("/-/routes", "Exact", True), ("/-/healthz", "Prefix", True),
+    ("/", "Exact", False), ("/v1", "Prefix", False), ("/-foo", "Prefix", False), ("/health", "Exact", False)])
+def test_the_system_path_check_of_expect(path, path_type, reaches):
+    from .expect import reaches_system_paths
+    assert reaches_system_paths(path, path_type) is reaches

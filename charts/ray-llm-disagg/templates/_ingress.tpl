@@ -5,6 +5,24 @@ out after 60 s and buffers responses (streamed tokens arrive in bursts). The app
 timeouts.firstTokenS for a first token, so the load balancer's idle/read timeout must exceed it.
 */}}
 
+{{/*
+The Ingress' paths (JSON list of {path, pathType}): ingress.paths (pathType Prefix unless given), or, when empty,
+exactly the app's public routes: <serve.routePrefix>/v1 (Prefix: chat/completions, completions, models) and
+<serve.routePrefix>/health (Exact: readiness). Never Serve's own endpoints under /-/ (/-/routes lists every app and
+route prefix to anyone; the ALB health check reaches /-/healthz on the targets directly).
+*/}}
+{{- define "ray-llm-disagg.ingressPaths" -}}
+{{- $out := list -}}
+{{- range $p := .Values.ingress.paths -}}
+{{- $out = append $out (dict "path" $p.path "pathType" (default "Prefix" $p.pathType)) -}}
+{{- end -}}
+{{- if not $out -}}
+{{- $rp := trimSuffix "/" .Values.serve.routePrefix -}}
+{{- $out = list (dict "path" (printf "%s/v1" $rp) "pathType" "Prefix") (dict "path" (printf "%s/health" $rp) "pathType" "Exact") -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
 {{/* Derived annotations (JSON map) for ingress.className. */}}
 {{- define "ray-llm-disagg.ingressDerived" -}}
 {{- $I := .Values.ingress -}}
@@ -83,10 +101,22 @@ timeouts.firstTokenS for a first token, so the load balancer's idle/read timeout
 {{- end -}}
 {{- end -}}
 {{- /* what the Ingress routes must reach the app: no path rewriting (an ALB cannot rewrite) */ -}}
-{{- $path := printf "%s/" (trimSuffix "/" $I.path) -}}
-{{- $api := printf "%s/v1/" (trimSuffix "/" $.Values.serve.routePrefix) -}}
-{{- if not (or (hasPrefix $path $api) (hasPrefix $api $path)) -}}
-{{- $errs = append $errs (printf "ingress.path: %s does not lead to the app, whose API is %sv1/... (serve.routePrefix %s): the Ingress forwards paths unchanged, so requests would 404. Use an ingress.path that prefixes %s, or move serve.routePrefix under it." $I.path (trimSuffix "/" $.Values.serve.routePrefix | printf "%s/") $.Values.serve.routePrefix $api) -}}
+{{- $rp := trimSuffix "/" $.Values.serve.routePrefix -}}
+{{- $api := printf "%s/v1/" $rp -}}
+{{- $health := printf "%s/health" $rp -}}
+{{- range $i, $p := include "ray-llm-disagg.ingressPaths" $ | fromJsonArray -}}
+{{- $path := printf "%s/" (trimSuffix "/" $p.path) -}}
+{{- $ok := false -}}
+{{- if eq $p.pathType "Exact" -}}
+{{- $ok = or (eq $p.path $health) (and (hasPrefix $api $p.path) (ne $p.path $api)) -}}
+{{- else -}}
+{{- $ok = or (hasPrefix $path $api) (hasPrefix $api $path) (eq $path (printf "%s/" $health)) -}}
+{{- end -}}
+{{- /* opted in: Serve itself answers under /-/ */ -}}
+{{- if and $I.exposeSystemPaths (or (hasPrefix "/-/" $path) (eq $path "/-/")) -}}{{- $ok = true -}}{{- end -}}
+{{- if not $ok -}}
+{{- $errs = append $errs (printf "ingress.paths[%d].path: %s (%s) does not lead to the app, whose routes are %s... and %s (serve.routePrefix %s): the Ingress forwards paths unchanged, so requests would 404. Use a path that prefixes %s or lies under it, or %s, or move serve.routePrefix under it." $i $p.path $p.pathType $api $health $.Values.serve.routePrefix $api $health) -}}
+{{- end -}}
 {{- end -}}
 {{- /* TLS: the host must be covered; non-ALB classes need the certificate Secret */ -}}
 {{- if and $I.tls $I.host -}}
