@@ -403,8 +403,8 @@ def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Pa
             continue
         # one calibration per prompt size (a mix's parts share their plain workloads')
         calibration = {p.name: out / f"calibration-{mode}-{p.name}.json" for p in parts}
-        warm = [run_locust(url, 0, p.sizes, 0, out / f"{mode}-{workload}-warmup-{i}"
-                           + ("" if len(parts) == 1 else f"-{p.name}"), "", calibration[p.name],
+        warm = [run_locust(url, 0, p.sizes, 0, out / (f"{mode}-{workload}-warmup-{i}"
+                                 + ("" if len(parts) == 1 else f"-{p.name}")), "", calibration[p.name],
                            seed=a.seed + 999, drain_s=0, warm_up=a.warm_up)
                 for i, url in enumerate(urls) for p in parts]
         for proc in warm:
