@@ -20,6 +20,9 @@ then the requests still running finish (--drain-s at most) before the next rate 
 sampled (a client near one core would be the bottleneck); no client caps its requests in flight
 (--max-in-flight far above what a step can reach; a request refused by a client would count as failed).
 Before each mode's ladder of a workload a few closed-loop requests warm it up (and calibrate prompts).
+A mix (`--workloads mixed`, MIXES: 3 requests of 1k-1k to 1 of 4k-256) sends each part as its own Poisson
+stream at its share of the rate (their sum is one Poisson stream of randomly drawn parts), with seeds of its own;
+its step is measured pooled and per part (`parts` in summary.json, TPOT per part against vLLM's).
 Goodput = requests per second that started in the window and met the SLO per request (TTFT <= --slo-ttft-ms
 and time per output token <= --slo-tpot-ms), per GPU. A workload's ladder stops once a mode saturates
 (it completed under 80 % of the offered rate, failed over 5 %, or its TTFT p95 passed 10x the SLO), unless
@@ -67,6 +70,10 @@ from devstack.tiny_model import ensure_tiny_model
 LOCUSTFILE = REPO_ROOT / "loadtests" / "locustfile.py"
 WORKLOADS = {"4k-256": (4096, 256), "1k-1k": (1024, 1024), "2k-512": (2048, 512)}
 CPU_WORKLOADS = {"256-32": (256, 32), "1k-16": (1024, 16), "256-256": (256, 256)}
+# Blends of the workloads above by request count: each part is its own Poisson stream at rate x its share, so the
+# sum is one Poisson stream in which each arrival is of a part with probability its share (seeded per client).
+MIXES = {"mixed": (("1k-1k", 3), ("4k-256", 1))}
+CPU_MIXES = {"mixed": (("256-256", 3), ("1k-16", 1))}
 MODES = ("aggregated", "aggregated-direct", "disaggregated", "vllm")
 APP_MODES = {"aggregated": ("aggregated", {}), "aggregated-direct": ("aggregated", {"frontend.direct_streaming": True}),
              "disaggregated": ("disaggregated", {})}  # bench mode -> (app mode, AppConfig overrides)
@@ -75,6 +82,46 @@ MAX_IN_FLIGHT = 100_000  # per client: no cap a step can reach (Locust's default
 
 def log(msg: str) -> None:
     print(f"[bench.gpu.pd {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One stream of a step: a workload's sizes at a share of the step's rate."""
+    name: str
+    sizes: tuple[int, int]
+    share: float
+
+
+def workload_parts(workload: str, table: dict[str, tuple[int, int]],
+                   mixes: dict[str, tuple[tuple[str, int], ...]]) -> list[Part]:
+    """A plain workload is one part with the whole rate; a mix (MIXES) one part per workload, by weight."""
+    if workload in table:
+        return [Part(workload, table[workload], 1.0)]
+    total = sum(weight for _, weight in mixes[workload])
+    return [Part(name, table[name], weight / total) for name, weight in mixes[workload]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Client:
+    """One Locust process of a step."""
+    part: str
+    sizes: tuple[int, int]
+    server: int
+    rate_rps: float
+    seed: int
+    suffix: str  # of the step's tag: names its files and request ids
+
+
+def step_clients(base_seed: int, workload: str, parts: list[Part], rate: float, servers: int,
+                 clients: int) -> list[Client]:
+    """The Locust processes of one step: `clients` per server and part, the rate split evenly over servers and
+    clients and by share over parts. A plain workload keeps its seeds (step_seed); a mix's parts get their own,
+    so a mix never repeats a plain step's prompts."""
+    plain = len(parts) == 1 and parts[0].name == workload
+    return [Client(p.name, p.sizes, i, rate * p.share / (servers * clients),
+                   step_seed(base_seed, workload if plain else f"{workload}/{p.name}", rate, j),
+                   f"{i}-{j}" if plain else f"{i}-{p.name}-{j}")
+            for i in range(servers) for p in parts for j in range(clients)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +147,7 @@ class Step:
     clients: int = 1
     client_cpu: Optional[dict[str, Optional[float]]] = None
     client_refused: int = 0
+    parts: Optional[dict[str, dict[str, float]]] = None  # a mix's parts measured alone (ok, TTFT, TPOT, goodput)
 
     @property
     def goodput_per_gpu(self) -> float:
@@ -115,7 +163,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--workloads", default=None, help=f"of {', '.join(WORKLOADS)} (CPU: {', '.join(CPU_WORKLOADS)})")
+    p.add_argument("--workloads", default=None, help=f"of {', '.join([*WORKLOADS, *MIXES])} "
+                   f"(CPU: {', '.join([*CPU_WORKLOADS, *CPU_MIXES])}); a mix: {MIXES}")
     p.add_argument("--rates", default=None, help="offered requests/s, ascending (default GPU 0.5,1,2,4,6,8,12,16)")
     p.add_argument("--duration", type=int, default=None, help="seconds per rate (default GPU 60, CPU 15)")
     p.add_argument("--slo-ttft-ms", type=float, default=2000)
@@ -175,11 +224,12 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     a.only = {m: {tuple(x.split("@")) for x in steps.split(",")} for m, _, steps in (o.partition("=") for o in a.only)}
     a.rates_of = {w: [float(r) for r in rates.split(",") if r]
                   for w, _, rates in (x.partition("=") for x in a.workload_rates)}
-    table = CPU_WORKLOADS if cpu else WORKLOADS
+    table, mixes = (CPU_WORKLOADS, CPU_MIXES) if cpu else (WORKLOADS, MIXES)
     a.workloads = [w for w in (a.workloads or ",".join(list(table)[:2])).split(",") if w]
-    if bad := [w for w in a.workloads if w not in table]:
-        p.error(f"--workloads: unknown {bad}; known: {', '.join(table)}")
-    a.workload_sizes = {w: table[w] for w in a.workloads}
+    if bad := [w for w in a.workloads if w not in table and w not in mixes]:
+        p.error(f"--workloads: unknown {bad}; known: {', '.join([*table, *mixes])}")
+    a.workload_parts = {w: workload_parts(w, table, mixes) for w in a.workloads}
+    a.workload_sizes = {w: table[w] for w in a.workloads if w in table}
     a.rates = [float(r) for r in (a.rates or ("0.5,1,2" if cpu else "0.5,1,2,4,6,8,12,16")).split(",") if r]
     a.duration = a.duration or (15 if cpu else 60)
     a.model_id = a.model_id or ("tiny" if cpu else "m8b")
@@ -207,7 +257,7 @@ def engine_setup(a: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any]
 
     from bench.gpu.model import dummy_model
 
-    longest = max(i + o for i, o in a.workload_sizes.values()) + 256
+    longest = max(i + o for parts in a.workload_parts.values() for i, o in (p.sizes for p in parts)) + 256
     engine: dict[str, Any] = {"max_model_len": longest, "gpu_memory_utilization": 0.85, "dtype": "bfloat16"}
     if a.model is None:
         engine["load_format"] = "dummy"
@@ -290,10 +340,12 @@ def median_ci95(values: list[float], resamples: int = 400, seed: int = 0) -> Opt
 
 
 def measure(records: list[dict[str, Any]], *, workload: str, mode: str, rate: float, gpus: int, duration: int,
-            slo_ttft_ms: float, slo_tpot_ms: float, traces: dict[str, dict[str, Any]]) -> Step:
+            slo_ttft_ms: float, slo_tpot_ms: float, traces: dict[str, dict[str, Any]],
+            t0: Optional[float] = None) -> Step:
+    """`t0`: the start of the arrival window (default: the first record's start)."""
     if not records:
         return Step(workload, mode, rate, gpus, 0, 0, 0.0, 0.0, math.nan, math.nan, math.nan, math.nan, 1.0)
-    t0 = min(r["start"] for r in records)
+    t0 = min(r["start"] for r in records) if t0 is None else t0
     window = [r for r in records if r["start"] <= t0 + duration]
     # Arrivals span a little less than `duration` (each client starts its -t clock before its first request):
     # rates are per second of the arrival window actually covered.
@@ -320,30 +372,51 @@ def measure(records: list[dict[str, Any]], *, workload: str, mode: str, rate: fl
                 client_refused=sum(1 for r in window if r.get("client_saturated")))
 
 
+def measure_parts(records: list[dict[str, Any]], step: Step, duration: int, slo_ttft_ms: float,
+                  slo_tpot_ms: float, parts: list[Part]) -> Optional[dict[str, dict[str, float]]]:
+    """A mix's parts measured alone, over the step's own arrival window (None for a plain workload)."""
+    if len(parts) < 2 or not records:
+        return None
+    t0 = min(r["start"] for r in records)
+    found = {}
+    for p in parts:
+        mine = [r for r in records if r.get("part") == p.name]
+        if not mine:
+            continue
+        s = measure(mine, workload=p.name, mode=step.mode, rate=step.rate_rps * p.share, gpus=step.gpus,
+                    duration=duration, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, traces={}, t0=t0)
+        found[p.name] = {"share": p.share, "requests": s.requests, "ok": s.ok,
+                         "achieved_rps": round(s.achieved_rps, 3), "goodput_rps": round(s.goodput_rps, 3),
+                         "ttft_p50_ms": s.ttft_p50_ms, "ttft_p95_ms": s.ttft_p95_ms,
+                         "tpot_p50_ms": s.tpot_p50_ms, "tpot_p95_ms": s.tpot_p95_ms}
+    return found
+
+
 def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Path,
            processes: Optional[Any] = None) -> list[Step]:
     """`processes()`: the serving processes by label (bench/gpu/procprof.py), for --profile steps."""
     steps: list[Step] = []
-    for workload, sizes in a.workload_sizes.items():
+    for workload, parts in a.workload_parts.items():
         only = a.only.get(mode)
         rates = [r for r in a.rates_of.get(workload, a.rates) if only is None or (workload, f"{r:g}") in only]
         if not rates:
             continue
-        calibration = out / f"calibration-{mode}-{workload}.json"
-        warm = [run_locust(url, 0, sizes, 0, out / f"{mode}-{workload}-warmup-{i}", "", calibration,
-                           seed=a.seed + 999, drain_s=0, warm_up=a.warm_up) for i, url in enumerate(urls)]
+        # one calibration per prompt size (a mix's parts share their plain workloads')
+        calibration = {p.name: out / f"calibration-{mode}-{p.name}.json" for p in parts}
+        warm = [run_locust(url, 0, p.sizes, 0, out / (f"{mode}-{workload}-warmup-{i}"
+                                 + ("" if len(parts) == 1 else f"-{p.name}")), "", calibration[p.name],
+                           seed=a.seed + 999, drain_s=0, warm_up=a.warm_up)
+                for i, url in enumerate(urls) for p in parts]
         for proc in warm:
             proc.wait(timeout=900)
         for rate in rates:
             tag = f"{mode}-{workload}-r{rate:g}"
             prefixes, procs = [], []
-            for i, url in enumerate(urls):
-                for j in range(a.clients):
-                    prefix = out / f"{tag}-{i}-{j}"
-                    prefixes.append(prefix)
-                    procs.append(run_locust(url, rate / (len(urls) * a.clients), sizes, a.duration, prefix,
-                                            f"{tag}-{i}-{j}", calibration, seed=step_seed(a.seed, workload, rate, j),
-                                            drain_s=a.drain_s))
+            for c in step_clients(a.seed, workload, parts, rate, len(urls), a.clients):
+                prefix = out / f"{tag}-{c.suffix}"
+                prefixes.append((c.part, prefix))
+                procs.append(run_locust(urls[c.server], c.rate_rps, c.sizes, a.duration, prefix, f"{tag}-{c.suffix}",
+                                        calibration[c.part], seed=c.seed, drain_s=a.drain_s))
             cpu = ClientCpu([p.pid for p in procs]).start()
             profile = None
             if (workload, f"{rate:g}") in a.profile and processes is not None:
@@ -352,12 +425,15 @@ def ladder(mode: str, urls: list[str], a: argparse.Namespace, gpus: int, out: Pa
             for proc in procs:
                 proc.wait(timeout=a.duration + a.drain_s + 300)
             client_cpu = cpu.stop()
-            records = [json.loads(line) for prefix in prefixes if Path(f"{prefix}.samples.jsonl").exists()
+            records = [{**json.loads(line), "part": part} for part, prefix in prefixes
+                       if Path(f"{prefix}.samples.jsonl").exists()
                        for line in Path(f"{prefix}.samples.jsonl").read_text().splitlines()]
             traces = {r["id"]: r["server_trace"] for r in records if r.get("server_trace")}
             step = measure(records, workload=workload, mode=mode, rate=rate, gpus=gpus, duration=a.duration,
                            slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, traces=traces)
-            step = dataclasses.replace(step, clients=len(procs), client_cpu=client_cpu)
+            step = dataclasses.replace(step, clients=len(procs), client_cpu=client_cpu,
+                                       parts=measure_parts(records, step, a.duration, a.slo_ttft_ms, a.slo_tpot_ms,
+                                                           parts))
             steps.append(step)
             log(f"{tag}: {step.ok}/{step.requests} ok, {step.achieved_rps:.2f} req/s, goodput {step.goodput_rps:.2f} "
                 f"req/s ({step.goodput_per_gpu:.2f}/GPU), TTFT p50/p95 {step.ttft_p50_ms:.0f}/{step.ttft_p95_ms:.0f} ms, "
@@ -442,11 +518,16 @@ def summarize(steps: list[Step], a: argparse.Namespace, device: str, gpus: int) 
              "ttft_p50_ms": s.ttft_p50_ms, "ttft_p95_ms": s.ttft_p95_ms, "tpot_p50_ms": s.tpot_p50_ms,
              "tpot_p95_ms": s.tpot_p95_ms, "tpot_p50_ci95_ms": s.tpot_p50_ci95_ms, "itl_p50_ms": s.itl_p50_ms,
              "itl_p95_ms": s.itl_p95_ms, "error_rate": s.error_rate, "max_in_flight": s.max_in_flight,
-             "clients": s.clients, "client_cpu": s.client_cpu, "client_refused": s.client_refused} for s in steps]
+             "clients": s.clients, "client_cpu": s.client_cpu, "client_refused": s.client_refused,
+             **({"parts": s.parts} if s.parts else {})} for s in steps]
     base = {(r["workload"], r["rate_rps"]): r for r in rows if r["mode"] == "vllm"}
     for r in rows:
         if r["mode"] != "vllm":
             r.update(versus_vllm(r, base.get((r["workload"], r["rate_rps"]))))
+            for name, part in (r.get("parts") or {}).items():
+                other = (base.get((r["workload"], r["rate_rps"])) or {}).get("parts", {}).get(name)
+                if other and other["tpot_p50_ms"]:
+                    part["tpot_p50_x_vllm"] = round(part["tpot_p50_ms"] / other["tpot_p50_ms"], 3)
     return {
         "device": device, "compiled": not a.eager, "gpus": gpus,
         "slo": {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms, "per_request": True},
@@ -454,9 +535,12 @@ def summarize(steps: list[Step], a: argparse.Namespace, device: str, gpus: int) 
         "duration_s": a.duration, "clients_per_server": a.clients, "modes": a.modes,
         "app_modes": {m: {"app_mode": a.app_modes[m][0], "overrides": a.app_modes[m][1]} for m in a.modes if m in a.app_modes},
         "engine_args_extra": a.engine_extra, "cluster_env": a.cluster_env,
-        "workloads": {w: {"input_tokens": i, "output_tokens": o} for w, (i, o) in a.workload_sizes.items()},
+        "workloads": {w: ({"input_tokens": parts[0].sizes[0], "output_tokens": parts[0].sizes[1]} if w in a.workload_sizes
+                          else {"parts": {p.name: {"input_tokens": p.sizes[0], "output_tokens": p.sizes[1],
+                                                   "share": p.share} for p in parts}})
+                      for w, parts in a.workload_parts.items()},
         # at the lowest offered rate of each ladder (requests rarely overlap there), by prompt tokens
-        "ttft_p50_ms": {m: {str(a.workload_sizes[w][0]): lowest[(w, m)].ttft_p50_ms for w in a.workloads
+        "ttft_p50_ms": {m: {str(a.workload_sizes[w][0]): lowest[(w, m)].ttft_p50_ms for w in a.workload_sizes
                             if (w, m) in lowest} for m in a.modes},
         "goodput": rows,
         "best_goodput_per_gpu": best,
@@ -484,6 +568,14 @@ def table(summary: dict[str, Any]) -> str:
                     f"{_f(g['itl_p50_ms'], '{:.1f}')} / {_f(g['itl_p95_ms'], '{:.1f}')} | {g['max_in_flight']} | "
                     f"{_f(cpu, '{:.2f}')} x{g['clients']} | {g['error_rate']:.1%} | "
                     f"{_f(g.get('tpot_p50_x_vllm'), '{:.2f}')} | {_f(g.get('goodput_x_vllm'), '{:.2f}')}{mark} |")
+    mixed = [g for g in summary["goodput"] if g.get("parts")]
+    if mixed:
+        rows += ["", "Mixed workloads, each part alone (TTFT p50 / TPOT p50 ms, goodput req/s, TPOT x vLLM):", ""]
+        for g in mixed:
+            rows.append(f"- {g['workload']} @ {g['rate_rps']:g}, {g['mode']}: " + "; ".join(
+                f"{name} ({part['share']:.0%}) {_f(part['ttft_p50_ms'], '{:.0f}')} / {_f(part['tpot_p50_ms'], '{:.1f}')}, "
+                f"goodput {part['goodput_rps']:.2f}" + (f", x{part['tpot_p50_x_vllm']:.2f}" if "tpot_p50_x_vllm" in part else "")
+                for name, part in g["parts"].items()))
     rows += ["", "Best goodput per GPU (req/s meeting the SLO):", ""]
     for w, by_mode in summary["best_goodput_per_gpu"].items():
         rows.append(f"- {w}: " + ", ".join(f"{m} {v:.2f}" for m, v in by_mode.items()))

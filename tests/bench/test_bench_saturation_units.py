@@ -116,3 +116,62 @@ def test_client_cpu_stats() -> None:
     assert stats["mean_cores_per_client"] == 0.5  # (0.5 + 0.5) / 2
     assert stats["max_cores_per_client"] == 1.0
     assert client_cpu_stats(samples[:1], 5.0)["max_cores_per_client"] is None
+
+
+def test_mixed_workload_is_a_weighted_blend_of_plain_ones() -> None:
+    parts = pd.workload_parts("mixed", pd.WORKLOADS, pd.MIXES)
+    assert [(p.name, p.sizes, p.share) for p in parts] == [("1k-1k", (1024, 1024), 0.75), ("4k-256", (4096, 256), 0.25)]
+    assert pd.workload_parts("4k-256", pd.WORKLOADS, pd.MIXES) == [pd.Part("4k-256", (4096, 256), 1.0)]
+    for mixes, table in ((pd.MIXES, pd.WORKLOADS), (pd.CPU_MIXES, pd.CPU_WORKLOADS)):
+        for name in mixes:
+            assert name not in table and abs(sum(p.share for p in pd.workload_parts(name, table, mixes)) - 1) < 1e-12
+
+
+def test_step_clients_split_the_rate_and_never_reuse_a_plain_steps_prompts() -> None:
+    plain = pd.step_clients(0, "1k-1k", pd.workload_parts("1k-1k", pd.WORKLOADS, pd.MIXES), 8.0, 1, 4)
+    assert [c.seed for c in plain] == [pd.step_seed(0, "1k-1k", 8.0, j) for j in range(4)]  # as before mixes
+    assert [c.suffix for c in plain] == ["0-0", "0-1", "0-2", "0-3"] and all(c.rate_rps == 2.0 for c in plain)
+    mixed = pd.step_clients(0, "mixed", pd.workload_parts("mixed", pd.WORKLOADS, pd.MIXES), 8.0, 2, 4)
+    assert len(mixed) == 16 and abs(sum(c.rate_rps for c in mixed) - 8.0) < 1e-12
+    assert sum(c.rate_rps for c in mixed if c.part == "1k-1k") == 6.0
+    assert {c.sizes for c in mixed if c.part == "4k-256"} == {(4096, 256)}
+    assert len({c.suffix for c in mixed}) == 16 and {c.server for c in mixed} == {0, 1}
+    plain_seeds = {pd.step_seed(0, w, 8.0, j) for w in pd.WORKLOADS for j in range(4)}
+    assert not plain_seeds & {c.seed for c in mixed}
+    assert len({(c.part, c.seed) for c in mixed}) == 8  # the servers' clients j share seeds, as plain steps' do
+
+
+def test_measure_parts_measures_each_part_over_the_steps_window() -> None:
+    def rec(i: int, part: str, start: float, tpot: float):
+        return {"id": f"r-{i}", "ok": True, "start": start, "end": start + 5, "ttft_ms": 100.0, "itl_ms": tpot,
+                "gaps": None, "part": part}
+
+    records = [rec(i, "1k-1k", 100.0 + i, 20.0) for i in range(10)] + [rec(10 + i, "4k-256", 102.0 + 2 * i, 60.0)
+                                                                        for i in range(4)]
+    parts = pd.workload_parts("mixed", pd.WORKLOADS, pd.MIXES)
+    step = pd.measure(records, workload="mixed", mode="vllm", rate=2.0, gpus=1, duration=10, slo_ttft_ms=2000,
+                      slo_tpot_ms=50, traces={})
+    got = pd.measure_parts(records, step, 10, 2000, 50, parts)
+    assert got["1k-1k"]["ok"] == 10 and got["1k-1k"]["tpot_p50_ms"] == 20.0 and got["1k-1k"]["goodput_rps"] == round(10 / 9, 3)
+    assert got["4k-256"]["ok"] == 4 and got["4k-256"]["goodput_rps"] == 0.0  # misses the TPOT SLO
+    assert got["4k-256"]["achieved_rps"] == round(4 / 8, 3)  # from the step's first arrival (100 s), not its own (102 s)
+    assert pd.measure_parts(records, step, 10, 2000, 50, parts[:1]) is None
+
+
+def test_mixed_summary_compares_each_part_with_vllm(tmp_path) -> None:
+    a = pd.parse_args(["--modes", "vllm,aggregated", "--workloads", "1k-1k,mixed", "--rates", "8", "--out", str(tmp_path)])
+    assert list(a.workload_parts) == ["1k-1k", "mixed"] and list(a.workload_sizes) == ["1k-1k"]
+
+    def step(mode: str, workload: str, tpot: float, parts=None) -> pd.Step:
+        return pd.Step(workload, mode, 8.0, 1, 480, 480, 8.0, 8.0, 100.0, 200.0, tpot, tpot, 0.0, parts=parts)
+
+    part = {"share": 0.75, "requests": 360, "ok": 360, "achieved_rps": 6.0, "goodput_rps": 6.0, "ttft_p50_ms": 90.0,
+            "ttft_p95_ms": 150.0, "tpot_p50_ms": 10.0, "tpot_p95_ms": 12.0}
+    steps = [step("vllm", "1k-1k", 10.0), step("vllm", "mixed", 12.0, {"1k-1k": part}),
+             step("aggregated", "1k-1k", 10.2), step("aggregated", "mixed", 12.0, {"1k-1k": {**part, "tpot_p50_ms": 11.0}})]
+    summary = pd.summarize(steps, a, "test", 1)
+    assert summary["workloads"]["mixed"]["parts"]["4k-256"] == {"input_tokens": 4096, "output_tokens": 256, "share": 0.25}
+    assert summary["ttft_p50_ms"]["vllm"] == {"1024": 100.0}
+    row = next(r for r in summary["goodput"] if r["mode"] == "aggregated" and r["workload"] == "mixed")
+    assert row["meets_bar"] and row["parts"]["1k-1k"]["tpot_p50_x_vllm"] == 1.1
+    assert "1k-1k (75%) 90 / 11.0, goodput 6.00, x1.10" in pd.table(summary)
