@@ -1,0 +1,471 @@
+"""`python -m bench.autoscaling`: coupled prefill/decode autoscaling against fixed replicas, same phased load.
+
+Two arms, one after the other, each on a fresh local stack (devstack.LocalStack: loopback Ray, vLLM CPU engines,
+the tiny model, disaggregated; the bench's own port plan):
+
+  fixed       1 prefill + 1 decode replica
+  autoscaled  `autoscaling.mode: coupled`, each role between 1 and 2 replicas, with the targets, look-back and
+              downscale delay of tests/autoscaling's e2e test (tests/autoscaling/conftest.py COUPLED)
+
+Both get the same open-loop load, request for request (seeded Poisson arrivals, seeded prompts):
+
+  idle-start     nothing
+  prefill-heavy  long prompts (~1500 words, remote prefill), 4 output tokens, `--prefill-rate` requests/s
+  decode-heavy   short prompts (prefilled on decode: selective disaggregation), 300 output tokens, `--decode-rate`/s
+  idle-end       nothing (both roles scale back in)
+
+Every request is streamed and timed from its *scheduled* arrival (a request that waits for a free client thread
+counts that wait), so a backlog shows in its TTFT. It meets the SLO when TTFT <= `--ttft-slo-s` and, with at least
+2 output tokens, TPOT (mean time between output tokens) <= `--tpot-slo-s`; a failed request misses it.
+Replicas per role (RUNNING, and starting) are sampled from serve.status() every 2 s; the coupled policy's decisions
+come from its RLD_AUTOSCALE lines in the Serve controller's log.
+
+Engine threads: by default each engine runs one OpenMP thread that the OS places (`--engine-threads floating`:
+VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1), in both arms. The local stack's usual binding (`pinned`:
+prefill on core 0, decode on core 1) would put a role's second replica on the same core as its first, so on two
+cores it could add no compute at all.
+
+Writes into --out (default bench/out/autoscaling-<time>/): summary.json (`timeline`, `slo_attainment`, per-phase
+figures, replica-seconds), results.json (every request), table.md, replicas.png, commands.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.paired import stream_once
+from bench.servers import BENCH_API_KEY, REPO_ROOT
+from devstack.ports import BENCH
+from devstack.serve_config import MODEL_ID
+from devstack.stack import LocalStack, log
+from serve_app.autoscaling.ray_policy import LOG_PREFIX
+from tests.autoscaling.conftest import APP, COUPLED
+from tests.autoscaling.test_e2e_coupled import DEPLOYMENT, WORDS, decisions
+
+ARMS = ("fixed", "autoscaled")
+ROLES = ("prefill", "decode")
+DEFAULT_PHASES = "idle-start:20,prefill-heavy:180,decode-heavy:180,idle-end:100"
+PUSH_INTERVAL_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"}  # as the e2e test
+FLOATING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+SAMPLE_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    seconds: float
+    rate: Optional[float] = None  # requests/s; None: --prefill-rate / --decode-rate by kind
+
+    @property
+    def kind(self) -> Optional[str]:
+        return "prefill" if self.name.startswith("prefill") else "decode" if self.name.startswith("decode") else None
+
+
+def parse_phases(text: str) -> list[Phase]:
+    out = []
+    for part in text.split(","):
+        name, seconds, *rate = part.split(":")
+        out.append(Phase(name.strip(), float(seconds), float(rate[0]) if rate else None))
+    return out
+
+
+def phase_at(phases: list[Phase], t: float) -> str:
+    end = 0.0
+    for p in phases:
+        end += p.seconds
+        if t < end:
+            return p.name
+    return "drain"
+
+
+# ------------------------------------------------------------------------------------------------ the load
+
+def schedule(phases: list[Phase], rates: dict[str, float], seed: int) -> list[dict[str, Any]]:
+    """Every request of the run: scheduled time (s from the start), phase, body. Identical for both arms."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    start = 0.0
+    for p in phases:
+        rate = p.rate if p.rate is not None else rates.get(p.kind or "", 0.0)
+        t = start
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= start + p.seconds:
+                break
+            i = len(out)
+            if p.kind == "prefill":
+                prompt = " ".join(rng.choice(WORDS) for _ in range(1500))  # fresh: no prefix-cache hit
+                body = {"prompt": prompt, "max_tokens": 4}
+            else:
+                body = {"prompt": "once upon a time", "max_tokens": 300, "ignore_eos": True}
+            body.update(model=MODEL_ID, temperature=0, stream=True, stream_options={"include_usage": True})
+            out.append({"i": i, "t_sched": round(t, 3), "phase": p.name, "kind": p.kind, "body": body})
+        start += p.seconds
+    return out
+
+
+def send(url: str, req: dict[str, Any], t0: float) -> dict[str, Any]:
+    due = t0 + req["t_sched"]
+    started = time.perf_counter()
+    wait = max(0.0, started - due)
+    try:
+        r = stream_once(url, req["body"], timeout_s=300)
+        error = r.problem()
+    except Exception as exc:  # noqa: BLE001 - a failed request is a result (an SLO miss)
+        r, error = None, f"{type(exc).__name__}: {exc}"
+    rec = {"i": req["i"], "phase": req["phase"], "kind": req["kind"], "t_sched": req["t_sched"],
+           "client_wait_s": round(wait, 4), "error": error[:300] if error else None,
+           "ttft_s": None, "tpot_s": None, "e2e_s": None, "output_tokens": None}
+    if r is not None and not error:
+        rec.update(ttft_s=round(wait + r.ttft_s, 4), e2e_s=round(wait + r.e2e_s, 4), output_tokens=r.output_tokens,
+                   tpot_s=round(r.itl_s, 5) if r.itl_s is not None else None)
+    return rec
+
+
+# ------------------------------------------------------------------------------------------------ replicas
+
+def replica_counts() -> dict[str, dict[str, int]]:
+    """Per role: replicas RUNNING, and replicas Serve is bringing up (any state before RUNNING)."""
+    from ray import serve
+
+    status = serve.status().applications.get(APP)
+    out = {"running": {r: 0 for r in ROLES}, "starting": {r: 0 for r in ROLES}}
+    if status is None:
+        return out
+    for role in ROLES:
+        dep = status.deployments.get(DEPLOYMENT[role])
+        for state, n in (dep.replica_states if dep else {}).items():
+            name = str(getattr(state, "value", state))
+            if name == "RUNNING":
+                out["running"][role] += n
+            elif name in ("STARTING", "PENDING_MIGRATION", "RECOVERING", "UPDATING"):
+                out["starting"][role] += n
+    return out
+
+
+class Sampler(threading.Thread):
+    def __init__(self, phases: list[Phase], t0: float) -> None:
+        super().__init__(daemon=True)
+        self.phases, self.t0, self.samples = phases, t0, []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            t = time.perf_counter() - self.t0
+            try:
+                c = replica_counts()
+                self.samples.append({"t_s": round(t, 1), "phase": phase_at(self.phases, t),
+                                     "replicas": c["running"], "starting": c["starting"]})
+            except Exception as exc:  # noqa: BLE001 - a missed sample is a gap, not a failed run
+                log(f"replica sample failed: {type(exc).__name__}: {exc}")
+            self.stop.wait(SAMPLE_EVERY_S)
+
+
+# ------------------------------------------------------------------------------------------------ one arm
+
+def arm_overrides(arm: str, engine_threads: str) -> dict[str, Any]:
+    out: dict[str, Any] = dict(COUPLED) if arm == "autoscaled" else {}
+    if engine_threads == "floating":
+        out.update({"prefill.engine_env": dict(FLOATING), "decode.engine_env": dict(FLOATING)})
+    return out
+
+
+def run_arm(arm: str, requests: list[dict[str, Any]], phases: list[Phase], args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    overrides = arm_overrides(arm, args.engine_threads)
+    stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=BENCH, api_keys=(BENCH_API_KEY,),
+                       overrides={APP: overrides}, cluster_env=dict(PUSH_INTERVAL_ENV))
+    log(f"arm {arm}: starting the stack (overrides {json.dumps(overrides)})")
+    t_start = time.monotonic()
+    with stack.running(deploy_timeout_s=900):
+        startup_s = time.monotonic() - t_start
+        ray.init(address=stack.cluster.address, logging_level="WARNING", log_to_driver=False)
+        try:
+            load_before = os.getloadavg()
+            url = stack.base_url(APP)
+            t0 = time.perf_counter()
+            t0_wall = time.time()
+            sampler = Sampler(phases, t0)
+            sampler.start()
+            results: list[dict[str, Any]] = []
+            with ThreadPoolExecutor(max_workers=args.max_in_flight) as pool:
+                futures = []
+                current = None
+                for req in requests:
+                    if req["phase"] != current:
+                        current = req["phase"]
+                        log(f"arm {arm}: {current} (t={req['t_sched']:.0f} s)")
+                    delay = t0 + req["t_sched"] - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                    futures.append(pool.submit(send, url, req, t0))
+                # the rest of the last phase (idle): keep sampling the replicas
+                end = sum(p.seconds for p in phases)
+                while time.perf_counter() - t0 < end:
+                    time.sleep(0.5)
+                results = [f.result() for f in futures]
+            sampler.stop.set()
+            sampler.join(timeout=30)
+            load_after = os.getloadavg()
+            policy = decisions(stack) if arm == "autoscaled" else []
+        finally:
+            ray.shutdown()
+    events = [
+        {"t_s": round(d["t"] - t0_wall, 1), "role": role, "from": d["roles"][role]["from"], "to": d["roles"][role]["to"],
+         "why": d["line"].split(" | ", 1)[0].split(LOG_PREFIX, 1)[-1].strip()}
+        for d in policy for role in ROLES if d["roles"][role]["from"] != d["roles"][role]["to"]
+    ]
+    failed = sum(1 for r in results if r["error"])
+    log(f"arm {arm}: {len(results)} requests, {failed} failed; {len(events)} scale decisions")
+    return {"arm": arm, "overrides": overrides, "startup_s": round(startup_s, 1), "loadavg_before": load_before,
+            "loadavg_after": load_after, "timeline": sampler.samples, "scale_events": events, "requests": results}
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+def meets(r: dict[str, Any], ttft_s: float, tpot_s: float) -> bool:
+    if r["error"] or r["ttft_s"] is None:
+        return False
+    return r["ttft_s"] <= ttft_s and (r["tpot_s"] is None or r["tpot_s"] <= tpot_s)
+
+
+def attainment(rs: list[dict[str, Any]], ttft_s: float, tpot_s: float) -> float:
+    return sum(meets(r, ttft_s, tpot_s) for r in rs) / len(rs) if rs else math.nan
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def replica_seconds(timeline: list[dict[str, Any]], role: str) -> float:
+    total = 0.0
+    for a, b in zip(timeline, timeline[1:]):
+        total += a["replicas"][role] * (b["t_s"] - a["t_s"])
+    return total
+
+
+def arm_figures(arm: dict[str, Any], loaded: list[str], ttft_s: float, tpot_s: float) -> dict[str, Any]:
+    rs = arm["requests"]
+    out: dict[str, Any] = {"requests": len(rs), "failed": sum(1 for r in rs if r["error"]),
+                           "slo_attainment": attainment(rs, ttft_s, tpot_s), "phases": {}}
+    for name in loaded:
+        p = [r for r in rs if r["phase"] == name]
+        ok = [r for r in p if not r["error"]]
+        tpots = [r["tpot_s"] for r in ok if r["tpot_s"] is not None]
+        out["phases"][name] = {
+            "requests": len(p), "failed": len(p) - len(ok), "slo_attainment": attainment(p, ttft_s, tpot_s),
+            "ttft_ok": sum(1 for r in ok if r["ttft_s"] <= ttft_s) / len(p) if p else math.nan,
+            "tpot_ok": sum(1 for r in ok if r["tpot_s"] is None or r["tpot_s"] <= tpot_s) / len(p) if p else math.nan,
+            "ttft_p50_s": pct([r["ttft_s"] for r in ok], 0.5), "ttft_p95_s": pct([r["ttft_s"] for r in ok], 0.95),
+            "tpot_p50_s": pct(tpots, 0.5), "tpot_p95_s": pct(tpots, 0.95),
+            "client_wait_p95_s": pct([r["client_wait_s"] for r in p], 0.95),
+        }
+    out["replica_seconds"] = {role: round(replica_seconds(arm["timeline"], role)) for role in ROLES}
+    out["max_replicas"] = {role: max((s["replicas"][role] for s in arm["timeline"]), default=0) for role in ROLES}
+    return out
+
+
+def fmt(x: float, spec: str) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def ratio(a: float, b: float) -> str:
+    if a is None or b is None or any(isinstance(v, float) and math.isnan(v) for v in (a, b)) or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def table(s: dict[str, Any]) -> str:
+    """Markdown: each figure for both arms and its ratio autoscaled / fixed, measured in this one run."""
+    f, a = s["arms"]["fixed"], s["arms"]["autoscaled"]
+    lines = ["| | fixed (1 + 1) | autoscaled (1-2 each) | autoscaled / fixed |", "|---|---:|---:|---:|",
+             f"| **SLO attainment, all requests** | **{fmt(f['slo_attainment'], '.1%')}** | "
+             f"**{fmt(a['slo_attainment'], '.1%')}** | {ratio(a['slo_attainment'], f['slo_attainment'])} |",
+             f"| requests (failed) | {f['requests']} ({f['failed']}) | {a['requests']} ({a['failed']}) | |"]
+    rows = (("SLO attainment", "slo_attainment", ".1%", 1), ("TTFT within target", "ttft_ok", ".1%", 1),
+            ("TPOT within target", "tpot_ok", ".1%", 1), ("TTFT p50 (s)", "ttft_p50_s", ".2f", 1),
+            ("TTFT p95 (s)", "ttft_p95_s", ".2f", 1), ("TPOT p50 (ms)", "tpot_p50_s", ".1f", 1000),
+            ("TPOT p95 (ms)", "tpot_p95_s", ".1f", 1000))
+    for name in s["loaded_phases"]:
+        fp, ap = f["phases"][name], a["phases"][name]
+        for label, key, spec, scale in rows:
+            fv, av = fp[key] * scale, ap[key] * scale
+            lines.append(f"| {name}: {label} | {fmt(fv, spec)} | {fmt(av, spec)} | {ratio(av, fv)} |")
+    for role in ROLES:
+        fv, av = f["replica_seconds"][role], a["replica_seconds"][role]
+        lines.append(f"| {role} replica-seconds | {fv} | {av} | {ratio(av, fv)} |")
+    return "\n".join(lines)
+
+
+def sensitivity(s: dict[str, Any], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Attainment of both arms at other targets, from the same requests (one target moved at a time)."""
+    ttft, tpot = s["slo"]["ttft_s"], s["slo"]["tpot_s"]
+    out: dict[str, Any] = {"ttft_s": {}, "tpot_s": {}}
+    for t in sorted({ttft / 4, ttft / 2, ttft, ttft * 2, ttft * 4}):
+        out["ttft_s"][f"{t:g}"] = {k: attainment(v["requests"], t, tpot) for k, v in arms.items()}
+    for t in sorted({tpot / 2, tpot, tpot * 2, tpot * 4}):
+        out["tpot_s"][f"{t:g}"] = {k: attainment(v["requests"], ttft, t) for k, v in arms.items()}
+    return out
+
+
+def plot(s: dict[str, Any], arms: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 10), sharex=True, constrained_layout=True)
+    start = 0.0
+    for i, p in enumerate(s["phases"]):
+        for ax in (ax1, ax2, ax3):
+            if i % 2:
+                ax.axvspan(start, start + p["seconds"], color="0.93", zorder=0)
+        ax1.text(start + 2, 2.35, p["name"], fontsize=8, va="top")
+        start += p["seconds"]
+    colors = {"prefill": "tab:blue", "decode": "tab:orange"}
+    for role in ROLES:
+        for arm, style, offset in (("autoscaled", "-", 0.0), ("fixed", ":", -0.04 if role == "prefill" else 0.04)):
+            tl = arms[arm]["timeline"]
+            ax1.step([x["t_s"] for x in tl], [x["replicas"][role] + offset for x in tl], style, where="post",
+                     color=colors[role], label=f"{role} running ({arm})", linewidth=2 if arm == "autoscaled" else 1.2)
+        tl = arms["autoscaled"]["timeline"]
+        ax1.step([x["t_s"] for x in tl], [x["replicas"][role] + x["starting"][role] for x in tl], "--", where="post",
+                 color=colors[role], alpha=0.45, label=f"{role} running + starting (autoscaled)")
+    ax1.set(ylabel="replicas", ylim=(0, 2.5), yticks=[0, 1, 2],
+            title="Replicas per role (RUNNING in serve.status(), sampled every 2 s)")
+    ax1.legend(fontsize=7, ncol=3, loc="lower center")
+    marks = {"fixed": ("x", "tab:red"), "autoscaled": (".", "tab:green")}
+    for arm in ("fixed", "autoscaled"):
+        ok = [r for r in arms[arm]["requests"] if not r["error"]]
+        m, c = marks[arm]
+        ax2.scatter([r["t_sched"] for r in ok], [r["ttft_s"] for r in ok], s=8, marker=m, color=c, alpha=0.6, label=arm)
+        d = [r for r in ok if r["tpot_s"] is not None and r["kind"] == "decode"]
+        ax3.scatter([r["t_sched"] for r in d], [r["tpot_s"] * 1000 for r in d], s=8, marker=m, color=c, alpha=0.6,
+                    label=arm)
+    ax2.axhline(s["slo"]["ttft_s"], color="red", linestyle="--", label=f"TTFT target {s['slo']['ttft_s']:g} s")
+    ax2.set(yscale="log", ylabel="s", title="TTFT per request (from its scheduled arrival), by arrival time")
+    ax2.legend(fontsize=8)
+    ax3.axhline(s["slo"]["tpot_s"] * 1000, color="red", linestyle="--", label=f"TPOT target {s['slo']['tpot_s'] * 1000:g} ms")
+    ax3.set(ylabel="ms", xlabel="seconds since the load started",
+            title="TPOT per decode-heavy request (300 output tokens), by arrival time")
+    ax3.legend(fontsize=8)
+    fig.suptitle(f"Coupled autoscaling vs fixed replicas, tiny model on {s['machine']['cpus']} CPU cores: SLO attainment "
+                 f"{s['slo_attainment']['autoscaled']:.1%} autoscaled vs {s['slo_attainment']['fixed']:.1%} fixed",
+                 fontsize=11)
+    fig.savefig(path, dpi=80)
+
+
+def machine() -> dict[str, Any]:
+    mem_kb = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal:")), 0)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "memory_gib": round(mem_kb / 2**20, 1),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def versions() -> dict[str, str]:
+    import ray
+    import vllm
+
+    return {"ray": ray.__version__, "vllm": vllm.__version__}
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.autoscaling", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="default: bench/out/autoscaling-<time>")
+    ap.add_argument("--phases", default=DEFAULT_PHASES, help="name:seconds[:rate],...; prefill*/decode* names carry "
+                    f"that load (default {DEFAULT_PHASES})")
+    ap.add_argument("--prefill-rate", type=float, default=5.0, help="requests/s in prefill-heavy phases")
+    ap.add_argument("--decode-rate", type=float, default=6.0, help="requests/s in decode-heavy phases")
+    ap.add_argument("--ttft-slo-s", type=float, default=2.0)
+    ap.add_argument("--tpot-slo-s", type=float, default=0.025)
+    ap.add_argument("--arms", default=",".join(ARMS), help="which arms, in this order")
+    ap.add_argument("--engine-threads", choices=("floating", "pinned"), default="floating")
+    ap.add_argument("--max-in-flight", type=int, default=160, help="client threads (a request waiting for one "
+                    "counts the wait in its TTFT)")
+    ap.add_argument("--seed", type=int, default=20)
+    args = ap.parse_args(argv)
+
+    started = time.monotonic()
+    out = args.out or REPO_ROOT / "bench" / "out" / f"autoscaling-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m bench.autoscaling " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    (out / "commands.txt").write_text(
+        "# from the repo root, with the project's venv (hack/pyenv.sh python); on a shared machine under the stack lock:\n"
+        f"# flock /tmp/rld-stack.lock nice -n 10 $(hack/pyenv.sh python) -m bench.autoscaling ...\n{command}\n")
+    phases = parse_phases(args.phases)
+    rates = {"prefill": args.prefill_rate, "decode": args.decode_rate}
+    requests = schedule(phases, rates, args.seed)
+    log(f"{len(requests)} requests over {sum(p.seconds for p in phases):.0f} s per arm; arms {args.arms}")
+
+    arms: dict[str, dict[str, Any]] = {}
+    for arm in args.arms.split(","):
+        arms[arm] = run_arm(arm, requests, phases, args)
+        (out / "results.json").write_text(json.dumps(arms))  # after each arm: a later failure keeps it
+
+    loaded = [p.name for p in phases if p.kind]
+    s: dict[str, Any] = {
+        "what": "coupled prefill/decode autoscaling vs fixed replicas, same open-loop phased load (bench/autoscaling.py)",
+        "machine": machine(), "versions": versions(), "model": "tiny random-weight Llama (devstack/tiny_model.py), CPU",
+        "engine_threads": args.engine_threads,
+        "phases": [{"name": p.name, "seconds": p.seconds, "load": p.kind,
+                    "rate_per_s": p.rate if p.rate is not None else rates.get(p.kind or "", 0.0)} for p in phases],
+        "rates_per_s": rates, "requests_per_arm": len(requests), "seed": args.seed,
+        "slo": {"ttft_s": args.ttft_slo_s, "tpot_s": args.tpot_slo_s,
+                "rule": "TTFT <= ttft_s and (with >= 2 output tokens) TPOT <= tpot_s; a failed request misses"},
+        "policy": COUPLED, "loaded_phases": loaded,
+        "timeline": [{k: x[k] for k in ("t_s", "phase", "replicas")} for x in arms.get("autoscaled", {}).get("timeline", [])],
+        "timeline_fixed": [{k: x[k] for k in ("t_s", "phase", "replicas")} for x in arms.get("fixed", {}).get("timeline", [])],
+        "slo_attainment": {arm: round(attainment(v["requests"], args.ttft_slo_s, args.tpot_slo_s), 4)
+                           for arm, v in arms.items()},
+        "arms": {arm: {**arm_figures(v, loaded, args.ttft_slo_s, args.tpot_slo_s),
+                       "startup_s": v["startup_s"], "loadavg_before": v["loadavg_before"],
+                       "loadavg_after": v["loadavg_after"], "scale_events": v["scale_events"]}
+                 for arm, v in arms.items()},
+    }
+    if set(ARMS) <= set(arms):
+        s["sensitivity"] = sensitivity(s, arms)
+        md = table(s)
+        (out / "table.md").write_text(md + "\n")
+        plot(s, arms, out / "replicas.png")
+        print(md)
+    for arm, fig in s["arms"].items():  # per phase, also for a one-arm (calibration) run
+        for name, ph in fig["phases"].items():
+            print(f"{arm:10} {name:16} {ph['requests']:4} req, {ph['failed']} failed, SLO {fmt(ph['slo_attainment'], '.1%')}; "
+                  f"TTFT p50/p95 {fmt(ph['ttft_p50_s'], '.2f')}/{fmt(ph['ttft_p95_s'], '.2f')} s; TPOT p50/p95 "
+                  f"{fmt(ph['tpot_p50_s'] * 1000, '.1f')}/{fmt(ph['tpot_p95_s'] * 1000, '.1f')} ms; "
+                  f"client wait p95 {fmt(ph['client_wait_p95_s'], '.2f')} s")
+    s["wall_s"] = round(time.monotonic() - started)
+    (out / "summary.json").write_text(json.dumps(s, indent=1, default=float))
+    for arm, v in arms.items():
+        for e in v["scale_events"]:
+            print(f"{arm} t={e['t_s']:6.1f} s  {e['role']} {e['from']}->{e['to']}  {e['why'][:160]}")
+    print(f"files in {out}; {s['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
