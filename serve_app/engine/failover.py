@@ -49,7 +49,7 @@ from serve_app.upstream import (
 )
 from serve_app.config import FailoverSpec
 from serve_app.frontend.containment import engine_died_running
-from serve_app.frontend.errors import ENGINE_DEAD_MARK, KILLED_ENGINE_TYPE
+from serve_app.frontend.errors import ENGINE_DEAD_MARK, KILLED_ENGINE_TYPE, prefill_unavailable_response
 from serve_app.telemetry.logs import get_logger
 from serve_app.roles import RoleWatch
 
@@ -136,16 +136,12 @@ class PrefillFailover:
             )
             return
         if not self.spec.local_fallback or self._local_fallbacks >= self.spec.max_local_fallbacks:
-            self._record(request_id, failures, "error")
+            self._record(request_id, failures, "error")  # the operator's detail: decode's log and metric
             on_path("remote")
-            why = (
-                "local fallback is off (failover.local_fallback)"
-                if not self.spec.local_fallback
-                else f"{self._local_fallbacks} requests already prefill locally (failover.max_local_fallbacks)"
-            )
-            yield _unavailable(
-                f"The prefill role is unavailable: {failures[-1]}; {why}. Retry after "
-                f"{self.spec.retry_after_s} s. Operators: check `serve status` and the prefill replica logs.",
+            yield prefill_unavailable_response(
+                failures[-1].reason if failures else "prefill_unavailable",
+                self.spec.retry_after_s,
+                fallback_full=self.spec.local_fallback,
             )
             return
         self._record(request_id, failures, "fallback")
@@ -292,6 +288,3 @@ def _short(exc: BaseException) -> str:
     first = str(target).strip().splitlines()[0] if str(target).strip() else ""
     return f"{type(target).__name__}: {first[:200]}"
 
-
-def _unavailable(message: str) -> ErrorResponse:
-    return ErrorResponse(error=ErrorInfo(message=message, type="prefill_unavailable", code=503))

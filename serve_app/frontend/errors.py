@@ -22,6 +22,15 @@ REQUEST_ID_HEADER = "x-request-id"
 ENGINE_DEAD_MARK = "EngineCore encountered an issue"
 # The ErrorResponse type a decode replica answers with when a prefill engine died running the request.
 KILLED_ENGINE_TYPE = "request_killed_engine"
+# decode's answer when a request could be prefilled neither remotely nor locally (serve_app/engine/failover.py):
+# its message is built here for clients (no replica ids, no exception text) and passes through the frontend.
+PREFILL_UNAVAILABLE_TYPE = "prefill_unavailable"
+PREFILL_UNAVAILABLE_WHY = {
+    "prefill_unavailable": "the prefill role has no running replica",
+    "routing_timeout": "every prefill replica is at capacity",
+    "timeout": "the prefill replicas are not answering in time (overloaded or wedged)",
+}
+PREFILL_UNAVAILABLE_DEFAULT_WHY = "the prefill replicas are failing"
 MAX_CLIENT_TEXT = 300
 # What must never reach a client from another process's error: tracebacks, source paths, addresses, pids,
 # Ray task/actor names.
@@ -88,6 +97,15 @@ class OpenAIError(OpenAIHTTPException):
             status_code = 500
         if info.type == KILLED_ENGINE_TYPE or ENGINE_DEAD_MARK in (info.message or ""):
             return KilledEngine(what)
+        if info.type == PREFILL_UNAVAILABLE_TYPE:
+            # ours (prefill_unavailable_response): capacity or an outage of the prefill role, not a failed engine
+            retry = getattr(info, "retry_after_s", None)
+            return OpenAIError(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                f"{what}: {client_text(info.message) or PREFILL_UNAVAILABLE_DEFAULT_WHY}",
+                code=PREFILL_UNAVAILABLE_TYPE,
+                retry_after_s=retry if isinstance(retry, int) and retry > 0 else 10,
+            )
         if status_code >= 500 or status_code < 400:
             # The engine's own text stays in the replica's log: it may hold a remote traceback.
             return EngineUnavailable(f"{what}: the engine failed. {RETRY_HINT}")
@@ -97,6 +115,18 @@ class OpenAIError(OpenAIHTTPException):
         if code:  # vLLM names its internal "input_tokens"; the client's field is the prompt
             param = "messages" if "chat" in what else "prompt"
         return cls(status_code, message, param=param, code=code)
+
+
+def prefill_unavailable_response(reason: str, retry_after_s: int, *, fallback_full: bool) -> ErrorResponse:
+    """What decode answers when neither a prefill replica nor decode itself (local fallback off or full) can
+    prefill the request. `reason` is the last PrefillFailure's label; the operator's detail (replica, exception)
+    stays in decode's log, the client gets what happened and when to retry."""
+    why = PREFILL_UNAVAILABLE_WHY.get(reason, PREFILL_UNAVAILABLE_DEFAULT_WHY)
+    also = " and decode is already prefilling as many requests itself as it may" if fallback_full else ""
+    return ErrorResponse(error=ErrorInfo(
+        message=f"No prefill capacity for this request: {why}{also}. Retry after {retry_after_s} s.",
+        type=PREFILL_UNAVAILABLE_TYPE, code=503, retry_after_s=retry_after_s,
+    ))
 
 
 class EngineUnavailable(OpenAIError):
