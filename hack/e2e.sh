@@ -45,7 +45,7 @@ BASE_REF="ray-llm-disagg.local/debian:${DEBIAN_SUITE:-bookworm}"
 CHART="$RLD_ROOT/charts/ray-llm-disagg"
 CTR_SOCK="$STATE/containerd.sock"
 DAEMONS=(socat-serve kube-router kube-proxy kubelet coredns containerd)   # stop order
-APT_PACKAGES=(containerd runc containernetworking-plugins iptables ipset conntrack socat mmdebstrap docker.io)
+APT_PACKAGES=(containerd runc containernetworking-plugins iptables ipset conntrack socat mmdebstrap docker.io nftables)
 WAIT_S="${RLD_E2E_WAIT_S:-120}"
 READY_TIMEOUT_S="${RLD_E2E_READY_TIMEOUT_S:-1200}"
 
@@ -214,9 +214,11 @@ import_images() {
 
 # --- node --------------------------------------------------------------------------------------------------
 
-snapshot_host() {   # what `down` compares against: iptables rules, ip_forward
-  { iptables-save 2>/dev/null || true; } | grep -v '^[#:]' | sed 's/\[[0-9]*:[0-9]*\]//' > "$STATE/host/iptables.before" || true
+snapshot_host() {   # what `down` compares against and restores: iptables rules and tables, sysctls
+  iptables_rules > "$STATE/host/iptables.before"
+  { nft list tables 2>/dev/null || true; } > "$STATE/host/nft-tables.before"
   cat /proc/sys/net/ipv4/ip_forward > "$STATE/host/ip_forward.before"
+  [ ! -r /proc/sys/net/bridge/bridge-nf-call-iptables ] || cat /proc/sys/net/bridge/bridge-nf-call-iptables > "$STATE/host/bridge-nf-call-iptables.before"
   touch "$STATE/host/started"
 }
 
@@ -506,6 +508,8 @@ cmd_down() {
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE" || true
   cleanup_iptables
   [ -f "$STATE/host/ip_forward.before" ] && cat "$STATE/host/ip_forward.before" > /proc/sys/net/ipv4/ip_forward || true
+  [ -f "$STATE/host/bridge-nf-call-iptables.before" ] &&
+    cat "$STATE/host/bridge-nf-call-iptables.before" > /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || true
   # cgroups the kubelet created (cgroup v1: one hierarchy per controller)
   find /sys/fs/cgroup/*/kubepods* -depth -type d -exec rmdir {} + 2>/dev/null || true
   if [ -n "$(our_mounts)" ]; then rld::log "WARNING: mounts left under $STATE or $E2E_CACHE: $(our_mounts | tr '\n' ' ')"; fi
@@ -513,25 +517,43 @@ cmd_down() {
   rld::log "e2e node stopped, $STATE removed (images stay cached in $E2E_CACHE)"
 }
 
+# iptables_rules: the host's rules, without counters, chain declarations or empty tables' headers
+iptables_rules() {
+  { iptables-save 2>/dev/null || true; ip6tables-save 2>/dev/null | sed 's/^-/ip6 -/' || true; } |
+    grep -v '^[#:*]' | grep -vx COMMIT | sed 's/\[[0-9]*:[0-9]*\]//' || true
+}
+
 # cleanup_iptables: chains the kubelet, kube-proxy, kube-router and the CNI plugins add; then whatever still
 # differs from the snapshot taken at `up` is reported.
 cleanup_iptables() {
-  local table chain rule
-  for table in filter nat mangle raw; do
-    { iptables-save -t "$table" 2>/dev/null || true; } | { grep -E '^-A .*(KUBE-|CNI-|'"$BRIDGE"')' || true; } |
-      sed 's/^-A /-D /' | while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
-    for chain in $({ iptables-save -t "$table" 2>/dev/null || true; } | awk -F'[: ]' '/^:(KUBE-|CNI-)/ {print $2}'); do
-      iptables -t "$table" -F "$chain" 2>/dev/null || true
-    done
-    for chain in $({ iptables-save -t "$table" 2>/dev/null || true; } | awk -F'[: ]' '/^:(KUBE-|CNI-)/ {print $2}'); do
-      iptables -t "$table" -X "$chain" 2>/dev/null || true
+  local table chain rule ipt
+  # IPv6 too: the kubelet adds its KUBE-FIREWALL/KUBE-KUBELET-CANARY chains with ip6tables as well
+  for ipt in iptables ip6tables; do
+    for table in filter nat mangle raw; do
+      { "$ipt-save" -t "$table" 2>/dev/null || true; } | { grep -E '^-A .*(KUBE-|CNI-|'"$BRIDGE"')' || true; } |
+        sed 's/^-A /-D /' | while read -r rule; do eval "$ipt -t $table $rule" 2>/dev/null || true; done
+      for chain in $({ "$ipt-save" -t "$table" 2>/dev/null || true; } | awk -F'[: ]' '/^:(KUBE-|CNI-)/ {print $2}'); do
+        "$ipt" -t "$table" -F "$chain" 2>/dev/null || true
+      done
+      for chain in $({ "$ipt-save" -t "$table" 2>/dev/null || true; } | awk -F'[: ]' '/^:(KUBE-|CNI-)/ {print $2}'); do
+        "$ipt" -t "$table" -X "$chain" 2>/dev/null || true
+      done
     done
   done
   for chain in $({ ipset list -n 2>/dev/null || true; } | grep -E '^(KUBE-|kube-router)' || true); do
     ipset destroy "$chain" 2>/dev/null || true
   done
+  # nf_tables tables (iptables' nft backend) that appeared with the node and hold no rule now: gone, as before `up`
+  if [ -f "$STATE/host/nft-tables.before" ] && command -v nft >/dev/null; then
+    { nft list tables 2>/dev/null || true; } | while read -r _ family name; do
+      grep -qx "table $family $name" "$STATE/host/nft-tables.before" && continue
+      if [ -z "$(nft list table "$family" "$name" 2>/dev/null | grep -vE '^\s*(table |chain |type |\}|$)')" ]; then
+        nft delete table "$family" "$name" 2>/dev/null || true
+      fi
+    done
+  fi
   if [ -f "$STATE/host/iptables.before" ]; then
-    { iptables-save 2>/dev/null || true; } | grep -v '^[#:]' | sed 's/\[[0-9]*:[0-9]*\]//' > "$STATE/host/iptables.after"
+    iptables_rules > "$STATE/host/iptables.after"
     diff -q "$STATE/host/iptables.before" "$STATE/host/iptables.after" >/dev/null ||
       rld::log "WARNING: iptables differ from before up: $(diff "$STATE/host/iptables.before" "$STATE/host/iptables.after" | head -n 5 | tr '\n' ' ')"
   fi

@@ -20,6 +20,12 @@ the frontend turns into 503 `engine_failed_on_request` and a strike on the reque
 replica whose engine was already dead (EngineDeadBeforeDispatch), or that Ray reports dead or unreachable,
 is not the request's doing: the ladder goes on.
 
+After prefill answered, decode's engine pulls the KV from that prefill replica (NIXL) before its first token.
+A pull from a peer that vanished (its pod deleted mid-transfer) has no deadline of its own in vLLM: it stays
+pending. So decode watches that window (`kv_transfer_timeout_s`): once Serve shows the prefill role without a
+running replica, or a streamed request's first token has not come by the deadline, the decode request is
+aborted and the ladder goes on at step 3 (reasons `kv_peer_lost`, `kv_timeout`).
+
 A prefill role that Serve reports without running replicas (RoleWatch) goes straight to step 3.
 A prefill that answers 4xx (bad request, prompt too long) is the client's error and is passed through.
 KV that cannot be loaded after a successful prefill is recomputed by vLLM itself
@@ -108,21 +114,33 @@ class PrefillFailover:
                 yield chunk
             return
 
-        prefill_chunk, failures = await self._remote_prefill(server, backend, method, request, raw, request_id)
+        prefill_chunk, failures, replica = await self._remote_prefill(server, backend, method, request, raw, request_id)
         if isinstance(prefill_chunk, ErrorResponse):
             on_path("remote")
             yield prefill_chunk  # the client's error (4xx), as prefill reported it
             return
         if prefill_chunk is not None:
-            on_path("remote")
             if failures:
                 self._record(request_id, failures, "retry")
+            prefilled_at = self._clock()
             decode_request = backend.prepare_decode_request(request=request, peer=None, prefill_response=prefill_chunk)
             with reuse_prompt_token_ids(server._decode_reuse_ids(prefill_chunk)):
                 chunks = await getattr(LLMServer, method)(server, decode_request, raw)
-                async for chunk in chunks:
-                    yield chunk
-            return
+                try:
+                    first = await self._first_decode_chunk(chunks, replica, prefilled_at, bool(getattr(request, "stream", False)))
+                except StopAsyncIteration:
+                    on_path("remote")
+                    return
+                except PrefillFailure as lost:  # the KV's prefill peer is gone (or silent): this request's KV never comes
+                    if lost.replica:
+                        self._suspects[lost.replica] = self._clock() + self.spec.suspect_s
+                    failures = [lost]
+                else:
+                    on_path("remote")
+                    yield first
+                    async for chunk in chunks:
+                        yield chunk
+                    return
 
         if failures and failures[-1].contained:
             self._record(request_id, failures, "contained")
@@ -169,12 +187,12 @@ class PrefillFailover:
 
     async def _remote_prefill(
         self, server: Any, backend: Any, method: str, request: Any, raw: Any, request_id: str
-    ) -> tuple[Any, list[PrefillFailure]]:
-        """(prefill chunk | client ErrorResponse | None, failures so far)."""
+    ) -> tuple[Any, list[PrefillFailure], Optional[str]]:
+        """(prefill chunk | client ErrorResponse | None, failures so far, the replica that answered)."""
         failures: list[PrefillFailure] = []
         down = self.roles.unavailable("prefill")
         if down is not None:
-            return None, [PrefillFailure("prefill_unavailable", down.describe())]
+            return None, [PrefillFailure("prefill_unavailable", down.describe())], None
         handle = self._prefill
         if raw is not None:
             session_id = session_id_from_headers(raw.headers)
@@ -186,7 +204,8 @@ class PrefillFailover:
         attempts = 2 if self.spec.retry_other_prefill else 1
         for _ in range(attempts):
             try:
-                return await self._attempt(prefill_method, prefill_request, raw), failures
+                chunk, replica = await self._attempt(prefill_method, prefill_request, raw)
+                return chunk, failures, replica
             except PrefillFailure as failure:
                 failures.append(failure)
                 if failure.replica:
@@ -195,7 +214,60 @@ class PrefillFailover:
                     break  # the request may be what killed that engine: never replay it
                 if failure.reason in ("routing_timeout", "no_healthy_replica", "unavailable"):
                     break  # no replica to route to: another attempt would only wait again
-        return None, failures
+        return None, failures, None
+
+    async def _first_decode_chunk(self, chunks: Any, replica: Optional[str], since: float, streamed: bool) -> Any:
+        """The decode stream's first chunk after a remote prefill answered at `since`.
+
+        Before it, decode's engine pulls the request's KV from the prefill replica that computed it (NIXL).
+        That pull has no deadline of its own: when the peer's process or pod vanishes mid-pull (UCX over TCP
+        to an address that no longer exists), vLLM's read stays pending and the request would wait for the
+        ingress's first-token deadline (timeouts.first_token_s, 300 s). So, for `kv_transfer_timeout_s` after
+        prefill's answer:
+          - once a read of Serve taken after `since` finds the prefill role without a running replica, the
+            KV's peer is gone: PrefillFailure("kv_peer_lost") at once;
+          - a streamed request whose first token has not come by then: PrefillFailure("kv_timeout").
+        (A non-streamed response is one chunk at the end of generation: past the window it is the ingress's
+        deadline that bounds it.) On either failure the decode request is cancelled, so vLLM aborts it and
+        frees its blocks; the caller goes on down the ladder (local prefill, or 503)."""
+        iterator = chunks.__aiter__()
+        task = asyncio.ensure_future(iterator.__anext__())
+        window_end = since + self.spec.kv_transfer_timeout_s
+        step = min(1.0, self.spec.status_poll_s)
+        failed = False
+        try:
+            while True:
+                remaining = window_end - self._clock()
+                if remaining <= 0 and not streamed:
+                    return await task  # the ingress's non-stream deadline bounds the rest
+                done, _ = await asyncio.wait({task}, timeout=max(0.0, min(step, remaining)))
+                if done:
+                    return task.result()
+                down = self.roles.unavailable("prefill", since=since)
+                if down is not None:
+                    failed = True
+                    raise PrefillFailure(
+                        "kv_peer_lost",
+                        f"prefill replica {replica}, which holds this request's KV cache, went away before decode "
+                        f"loaded it ({down.describe()})",
+                        replica,
+                    )
+                if streamed and self._clock() >= window_end:
+                    failed = True
+                    raise PrefillFailure(
+                        "kv_timeout",
+                        f"decode produced no first token within {self.spec.kv_transfer_timeout_s:.1f} s of prefill "
+                        f"replica {replica}'s answer (the KV transfer from it stalled)",
+                        replica,
+                    )
+        finally:
+            if not task.done():
+                task.cancel()  # vLLM aborts the request and frees its blocks
+                await asyncio.wait({task})
+            if failed:
+                aclose = getattr(iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
 
     def _is_suspect(self, replica_id: str) -> bool:
         until = self._suspects.get(replica_id)
@@ -206,7 +278,7 @@ class PrefillFailover:
             return False
         return True
 
-    async def _attempt(self, prefill_method: Any, prefill_request: Any, raw: Any) -> Any:
+    async def _attempt(self, prefill_method: Any, prefill_request: Any, raw: Any) -> tuple[Any, str]:
         deadline = self._clock() + self.spec.routing_timeout_s
         # Pick a replica that did not just fail; a few picks, all within the routing deadline.
         for _ in range(3):
@@ -228,7 +300,7 @@ class PrefillFailover:
             try:
                 if self._is_suspect(replica):
                     continue
-                return await self._call(prefill_method, selection, prefill_request, raw, replica)
+                return await self._call(prefill_method, selection, prefill_request, raw, replica), replica
             finally:
                 await context.__aexit__(None, None, None)
         raise PrefillFailure(

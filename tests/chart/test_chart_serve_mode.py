@@ -49,3 +49,25 @@ def test_direct_streaming_reaches_the_app(mode: str) -> None:
     assert on["frontend"]["direct_streaming"] is True
     assert AppConfig.model_validate(on).frontend.direct_streaming is True
     assert AppConfig.model_validate(render(values={"mode": mode}).args).frontend.direct_streaming is False
+
+
+def test_haproxy_gives_up_on_a_frontend_replica_that_vanished() -> None:
+    """Ray's HAProxy config has no `timeout connect` unless told: on a real node, a request sent to the frontend
+    replica of a pod that had just been deleted waited for ever (no SYN-ACK, no reset from a network namespace that
+    is gone). The chart sets the connect timeout and a faster health check on every Ray container."""
+    for name, c in _ray_containers(render()).items():
+        env = env_of(c)
+        assert env["RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S"]["value"] == "3", name
+        assert env["RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER"]["value"] == "2s", name
+    custom = render(values={"serve": {"haproxyConnectTimeoutS": 10, "haproxyHealthCheckIntervalS": 4}})
+    for name, c in _ray_containers(custom).items():
+        assert env_of(c)["RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S"]["value"] == "10", name
+        assert env_of(c)["RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER"]["value"] == "4s", name
+    for name, c in _ray_containers(render(values={"serve": {"highThroughput": False}})).items():
+        assert "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S" not in env_of(c), name
+
+
+def test_haproxy_timeouts_are_validated_and_owned_by_the_chart() -> None:
+    assert "haproxyConnectTimeoutS" in render_error(values={"serve": {"haproxyConnectTimeoutS": 0}})
+    err = render_error(values={"extraEnv": [{"name": "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S", "value": "0"}]})
+    assert "serve.haproxyConnectTimeoutS" in err

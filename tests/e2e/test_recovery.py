@@ -59,6 +59,9 @@ def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role
     wait_until(answered_again, RECOVERY_TIMEOUT_S, f"requests answered again after deleting the {role} pod", interval=3)
     took = time.monotonic() - t0
     record(f"{role} pod deleted -> answered again", took)
+    not_ok = [e for e in seen if e[1] != 200]
+    record(f"  {role}: requests not answered 200 (of {len(seen)}; statuses {sorted({str(e[1]) for e in not_ok})})",
+           float(len(not_ok)))
     statuses = sorted({str(s) for _, s, _ in seen})
     print(f"{role}: back after {took:.0f}s; clients got {statuses}; timeline {seen[:5]} ... {seen[-3:]}")
     hangs = [e for e in seen if e[1] == "timeout"]

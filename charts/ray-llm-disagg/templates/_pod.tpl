@@ -114,6 +114,9 @@ env, on every group HF_TOKEN (a secretKeyRef, never inlined) and Serve's high-th
 {{- /* every Ray process reads these at start: the controller, the proxies (HAProxy), every replica */ -}}
 {{- $env = append $env (dict "name" "RAY_SERVE_ENABLE_HA_PROXY" "value" "1") -}}
 {{- $env = append $env (dict "name" "RAY_SERVE_THROUGHPUT_OPTIMIZED" "value" "1") -}}
+{{- /* HAProxy's connect timeout and health checks: a frontend replica whose pod vanished answers no SYN */ -}}
+{{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S" "value" (int $V.serve.haproxyConnectTimeoutS | toString)) -}}
+{{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER" "value" (printf "%ds" (int $V.serve.haproxyHealthCheckIntervalS))) -}}
 {{- end -}}
 {{- $user := list -}}
 {{- $index := dict -}}
