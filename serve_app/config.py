@@ -318,12 +318,14 @@ class FailoverSpec(StrictModel):
         default=15, ge=0, description="A prefill replica that just failed is skipped for this long."
     )
     kv_transfer_timeout_s: float = Field(
-        default=30,
+        default=120,
         gt=0,
         description="After a remote prefill answered: how long decode waits for a streamed request's first token "
         "(the KV pull from that prefill replica, then decode's first step), and how long it watches for that "
         "replica's role going away meanwhile. Past it, or once the prefill role has no running replica, decode "
-        "aborts the pull and prefills locally (or answers 503).",
+        "aborts the pull and prefills locally (or answers 503). Keep it above decode's queueing time at your peak "
+        "load (a saturated decode replica can take tens of seconds to start a request's first step; past this "
+        "window that request is prefilled again, on decode).",
     )
     max_local_fallbacks: int = Field(
         default=16, ge=0, description="Concurrent local-fallback prefills per decode replica; beyond: 503."

@@ -29,6 +29,8 @@ PREFILL_UNAVAILABLE_WHY = {
     "prefill_unavailable": "the prefill role has no running replica",
     "routing_timeout": "every prefill replica is at capacity",
     "timeout": "the prefill replicas are not answering in time (overloaded or wedged)",
+    "kv_peer_lost": "the prefill replica that computed this request's KV cache went away before decode loaded it",
+    "kv_timeout": "the KV cache transfer from the prefill replica stalled",
 }
 PREFILL_UNAVAILABLE_DEFAULT_WHY = "the prefill replicas are failing"
 MAX_CLIENT_TEXT = 300

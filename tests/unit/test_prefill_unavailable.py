@@ -24,6 +24,8 @@ WHAT = "completions request for model 'tiny'"
     ("routing_timeout", "every prefill replica is at capacity"),
     ("prefill_unavailable", "no running replica"),
     ("timeout", "not answering in time"),
+    ("kv_peer_lost", "went away before decode loaded it"),
+    ("kv_timeout", "transfer from the prefill replica stalled"),
     ("replica_failed", "failing"),
     ("no_healthy_replica", "failing"),
     ("something_new", "failing"),
