@@ -71,3 +71,46 @@ def test_haproxy_timeouts_are_validated_and_owned_by_the_chart() -> None:
     assert "haproxyConnectTimeoutS" in render_error(values={"serve": {"haproxyConnectTimeoutS": 0}})
     err = render_error(values={"extraEnv": [{"name": "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S", "value": "0"}]})
     assert "serve.haproxyConnectTimeoutS" in err
+
+
+def test_haproxy_replays_once_what_a_dead_frontend_replica_never_answered() -> None:
+    """On a real node, a request in flight at the frontend replica of a deleted pod got HAProxy's 502 (no header
+    received), rewritten by Ray to 500. The chart adds `empty-response` to Ray's `conn-failure` and bounds the
+    replays to one, so such a request is answered by another replica and a request that kills its replica costs
+    at most one more."""
+    for name, c in _ray_containers(render()).items():
+        env = env_of(c)
+        assert env["RAY_SERVE_HAPROXY_RETRY_ON"]["value"] == "conn-failure empty-response", name
+        assert env["RAY_SERVE_HAPROXY_RETRIES"]["value"] == "1", name
+    off = render(values={"serve": {"haproxyRetryOn": "none", "haproxyRetries": 0}})
+    for name, c in _ray_containers(off).items():
+        assert env_of(c)["RAY_SERVE_HAPROXY_RETRY_ON"]["value"] == "none", name
+        assert env_of(c)["RAY_SERVE_HAPROXY_RETRIES"]["value"] == "0", name
+    for name, c in _ray_containers(render(values={"serve": {"highThroughput": False}})).items():
+        assert "RAY_SERVE_HAPROXY_RETRY_ON" not in env_of(c), name
+
+
+@pytest.mark.parametrize("bad", [
+    {"haproxyRetryOn": "503"},                          # a status code: the app's 503 is an answer, not a failure
+    {"haproxyRetryOn": "all-retryable-errors"},         # includes status codes
+    {"haproxyRetryOn": "conn-failure; rm -rf /"},
+    {"haproxyRetryOn": ""},
+    {"haproxyRetries": 4},
+    {"haproxyRetries": -1},
+])
+def test_haproxy_replay_values_are_validated(bad: dict) -> None:
+    assert f"serve.{next(iter(bad))}" in render_error(values={"serve": bad}).replace("/serve/", "serve.")
+
+
+def test_haproxy_replay_env_is_owned_by_the_chart() -> None:
+    for name in ("RAY_SERVE_HAPROXY_RETRY_ON", "RAY_SERVE_HAPROXY_RETRIES"):
+        err = render_error(values={"extraEnv": [{"name": name, "value": "x"}]})
+        assert "serve.haproxyRetryOn" in err, name
+
+
+def test_two_frontend_replicas_by_default() -> None:
+    """One frontend replica is a single point of failure for the whole endpoint: the pod that holds it goes, every
+    request waits for a new one. Two (Serve spreads them over nodes) leave one serving."""
+    from serve_app.config import AppConfig
+
+    assert AppConfig.model_validate(render().args).frontend.replicas == 2

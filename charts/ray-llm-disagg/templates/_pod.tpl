@@ -117,6 +117,9 @@ env, on every group HF_TOKEN (a secretKeyRef, never inlined) and Serve's high-th
 {{- /* HAProxy's connect timeout and health checks: a frontend replica whose pod vanished answers no SYN */ -}}
 {{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S" "value" (int $V.serve.haproxyConnectTimeoutS | toString)) -}}
 {{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER" "value" (printf "%ds" (int $V.serve.haproxyHealthCheckIntervalS))) -}}
+{{- /* replay (once by default) a request whose frontend replica died before answering anything */ -}}
+{{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_RETRY_ON" "value" $V.serve.haproxyRetryOn) -}}
+{{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_RETRIES" "value" (int $V.serve.haproxyRetries | toString)) -}}
 {{- end -}}
 {{- $user := list -}}
 {{- $index := dict -}}
