@@ -121,6 +121,18 @@ NAMES: dict[str, Name] = {
     ),
     "DeploymentID": Name("ray.serve._private.common", "DeploymentID", "tests: autoscaling contexts"),
     "ReplicaID": Name("ray.serve._private.common", "ReplicaID", "tests: autoscaling contexts"),
+    # Ray Serve: the replica's log file, set up again after a library's logging.config closed it (telemetry.logs)
+    "configure_component_logger": Name(
+        "ray.serve._private.logging_utils", "configure_component_logger", "replica log file, set up again"
+    ),
+    "ServeComponentType": Name("ray.serve._private.common", "ServeComponentType", "replica log file"),
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": Name(
+        "ray.serve._private.constants", "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "replica log file"
+    ),
+    "LoggingConfig": Name("ray.serve.schema", "LoggingConfig", "replica log file"),
+    "get_internal_replica_context": Name("ray.serve.context", "_get_internal_replica_context", "replica log file"),
+    "ReplicaContext": Name("ray.serve.context", "ReplicaContext", "replica log file (members below)"),
+    "ray_worker": Name("ray._private.worker", None, "tests: the Ray node's log rotation, read by Serve's logger"),
 }
 
 
@@ -166,6 +178,9 @@ MEMBERS: tuple[Member, ...] = (
     Member("OpenAiIngress", "completions", "override"),
     Member("OpenAiIngress", "_get_model_id", "call"),
     Member("OpenAiIngress", "_get_configured_serve_handle", "call"),
+    # the replica context: which log file Serve set up (telemetry.logs)
+    Member("ReplicaContext", "replica_id", "attr"),
+    Member("ReplicaContext", "_deployment_config", "attr"),
     # Batcher: StreamBatcher
     Member("Batcher", "read", "override"),
     Member("Batcher", "stream", "override"),

@@ -35,6 +35,7 @@ from serve_app.upstream import (
 from serve_app.telemetry import hops
 from serve_app.engine.batching import StreamBatcher, StreamLoad, stamp_first
 from serve_app.telemetry.hops import HopClock
+from serve_app.telemetry.logs import keep_replica_log
 from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY, STREAM_MAX_INTERVAL_MS, STREAM_MAX_MESSAGES_PER_S
 from serve_app.config import FailoverSpec
 from serve_app.engine.direct import DirectIngressMixin
@@ -132,6 +133,7 @@ class _OnePathMetered(_MeteredMixin):
     PATH: Path
 
     async def __init__(self, llm_config: LLMConfig, **kwargs):
+        keep_replica_log()  # before the engine starts: NIXL's logging.config would close the replica's log file
         self._init_metrics(llm_config, mode=self.MODE, role=self.ROLE)
         await super().__init__(llm_config, **kwargs)
         settle_serving_process()
@@ -208,6 +210,7 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         failover: Optional[FailoverSpec] = None,
         **kwargs,
     ):
+        keep_replica_log()  # before the engine starts: NIXL's logging.config would close the replica's log file
         self._remote_prefill_min_tokens = remote_prefill_min_tokens
         self._handoff_backend: Optional[_HandoffClockBackend] = None
         self._init_metrics(llm_config, mode="disaggregated", role="decode")

@@ -66,7 +66,7 @@ from serve_app.frontend.guards import (
 from serve_app.frontend.limits import parse_json_object, requested_max_tokens, sequences, validate_request
 from serve_app.frontend.overflow import BACKEND_HEADER, Overflow
 from serve_app.roles import RoleWatch
-from serve_app.telemetry.logs import get_logger
+from serve_app.telemetry.logs import get_logger, keep_replica_log
 
 logger = get_logger(__name__)
 
@@ -110,6 +110,7 @@ class BoundedOpenAiIngress(OpenAiIngress):
         role_deployments: Optional[dict[str, str]] = None,
         **kwargs: Any,
     ):
+        keep_replica_log()  # the replica's log file outlives a library's logging.config (telemetry.logs)
         super().__init__(llm_deployments, model_cards, lora_paths=lora_paths, **kwargs)
         self._config = app_config
         self._upstream = upstream

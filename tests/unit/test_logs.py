@@ -91,3 +91,76 @@ def test_outside_serve_warnings_still_reach_stderr(capsys) -> None:  # type: ign
         serve.handlers[:], serve.propagate = saved
         logging.getLogger().handlers[:] = root_saved
     assert "visible without Serve" in capsys.readouterr().err
+
+
+# ---- the replica's log file outlives a library's logging.config call (NIXL, vLLM) ----
+
+
+@pytest.fixture()
+def replica_logging(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """ray.serve set up by Serve's own configure_component_logger, as in a replica in high-throughput mode
+    (buffer of 1000), writing to tmp_path; a fake replica context says which replica it is."""
+    import builtins
+    import sys
+    import types
+
+    from serve_app import upstream
+
+    monkeypatch.setattr(upstream.resolve("ray_worker"), "_global_node", types.SimpleNamespace(max_bytes=10**7, backup_count=1),
+                        raising=False)
+    replica_id = upstream.resolve("ReplicaID")(
+        unique_id="abc123", deployment_id=upstream.resolve("DeploymentID")(name="Decode:tiny", app_name="llm"))
+    context = types.SimpleNamespace(replica_id=replica_id,
+                                    _deployment_config=types.SimpleNamespace(logging_config={"logs_dir": str(tmp_path)}))
+    monkeypatch.setattr(upstream, "get_internal_replica_context", lambda: context, raising=False)
+    serve = logging.getLogger("ray.serve")
+    saved = serve.handlers[:], serve.level, serve.propagate, sys.stdout, sys.stderr, builtins.print
+
+    def configure() -> None:
+        upstream.resolve("configure_component_logger")(
+            component_type=upstream.resolve("ServeComponentType").REPLICA, component_name="llm_Decode:tiny",
+            component_id="abc123", logging_config=upstream.resolve("LoggingConfig")(logs_dir=str(tmp_path)),
+            buffer_size=1000)
+        sys.stdout, sys.stderr, builtins.print = saved[3:]  # pytest's capture stays in place
+
+    configure()
+    yield lambda: "\n".join(p.read_text() for p in sorted(tmp_path.glob("replica_*.log")))
+    serve.handlers[:], serve.level, serve.propagate = saved[:3]
+    sys.stdout, sys.stderr, builtins.print = saved[3:]
+
+
+def library_logging_config() -> None:
+    """What NIXL's setup_logging and vLLM's logger do: a dictConfig, which closes every handler."""
+    import logging.config
+
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                               "loggers": {"nixl": {"level": "INFO", "propagate": False}}})
+
+
+def test_without_keep_a_library_logging_config_loses_the_replica_log(replica_logging) -> None:  # type: ignore[no-untyped-def]
+    """The failure on the real node, reproduced with Serve's own handlers: after the dictConfig even Serve's
+    ERROR reaches no file (the MemoryHandler lost its target)."""
+    library_logging_config()
+    logging.getLogger("ray.serve").error("Serve's own ERROR")
+    assert "Serve's own ERROR" not in replica_logging()
+
+
+def test_kept_replica_log_survives_a_library_logging_config(replica_logging) -> None:  # type: ignore[no-untyped-def]
+    from serve_app.telemetry.logs import keep_replica_log
+
+    keep_replica_log()  # a replica's constructor, before its engine starts
+    library_logging_config()  # the engine starts: NIXL's agent
+    get_logger("serve_app.engine.failover").warning("prefill failover request_id=r2: ... (path=fallback)")
+    logging.getLogger("ray.serve").error("Serve's own ERROR")
+    text = replica_logging()
+    assert "prefill failover request_id=r2" in text and "Serve's own ERROR" in text
+
+
+def test_a_replica_log_closed_before_keep_is_set_up_again(replica_logging) -> None:  # type: ignore[no-untyped-def]
+    library_logging_config()  # before any keep_replica_log: the handler has no file any more
+    get_logger("serve_app.engine.failover").warning("prefill failover request_id=r3")
+    logging.getLogger("ray.serve").info("an INFO line after it, buffered")
+    logging.getLogger("ray.serve").error("Serve's own ERROR")
+    text = replica_logging()
+    assert "prefill failover request_id=r3" in text and "Serve's own ERROR" in text
+    assert "an INFO line after it" in text  # flushed with the ERROR, by Serve's own handler again

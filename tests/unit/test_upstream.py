@@ -30,12 +30,12 @@ def test_every_name_resolves(name: str) -> None:
 
 def _assigned_in_source(cls: type, attr: str) -> bool:
     """True when some class in cls's MRO assigns `self.<attr>` (an instance attribute its constructor or
-    start-up sets) or defines `attr` itself."""
+    start-up sets), defines `attr` itself or declares it as a dataclass field."""
     assign = re.compile(rf"\bself\.{re.escape(attr)}\s*(:[^=\n]+)?=(?!=)")
     for klass in cls.__mro__:
         if klass is object:
             continue
-        if attr in vars(klass):
+        if attr in vars(klass) or attr in getattr(klass, "__dataclass_fields__", {}):
             return True
         try:
             if assign.search(inspect.getsource(klass)):
