@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional
 
+from serve_app.llm_configs import CPU_WORKER_EXTENSION
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("vllm", "aggregated", "disaggregated")
 HOST = "127.0.0.1"
@@ -150,7 +152,8 @@ def vllm_server(port: int, model_path: str, log_path: Path, *, served_name: Opti
     The GPU bench passes the engine arguments and environment its app engines get."""
     sc = _serve_config_module()
     if engine_args is None:
-        engine_args = dict(sc.CPU_ENGINE_ARGS)
+        # plus the AMX permission in its worker, as the app's CPU engines get (serve_app/engine/cpu.py)
+        engine_args = {**sc.CPU_ENGINE_ARGS, "worker_extension_cls": CPU_WORKER_EXTENSION}
         env = {**sc.CPU_LOOPBACK_ENV, "VLLM_CPU_OMP_THREADS_BIND": sc.CORE_OF_ROLE["decode"], **(env or {})}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
            "--served-model-name", served_name or sc.MODEL_ID, "--host", HOST, "--port", str(port)]

@@ -16,6 +16,8 @@ KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # Where vLLM loads the NIXL connector classes from: vLLM's own, with NIXL's busy UCX progress thread off
 # (serve_app/engine/nixl.py says why). A string: this module stays importable without vLLM.
 NIXL_CONNECTOR_MODULE = "serve_app.engine.nixl"
+# not imported from serve_app.engine.cpu: that module asks for AMX on import (it is for vLLM workers)
+CPU_WORKER_EXTENSION = "serve_app.engine.cpu.AmxPermission"
 
 
 def kv_transfer_config(app: AppConfig, role: str) -> Optional[dict[str, Any]]:
@@ -40,6 +42,10 @@ def engine_kwargs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
     kv = kv_transfer_config(app, role)
     if kv is not None:
         kwargs["kv_transfer_config"] = kv
+    if app.accelerator == "cpu":
+        # each vLLM worker asks Linux for AMX before vLLM's bfloat16 attention uses it (serve_app.engine.cpu);
+        # a worker extension the user set wins
+        kwargs.setdefault("worker_extension_cls", CPU_WORKER_EXTENSION)
     return kwargs
 
 

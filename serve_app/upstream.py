@@ -132,6 +132,9 @@ NAMES: dict[str, Name] = {
     "LoggingConfig": Name("ray.serve.schema", "LoggingConfig", "replica log file"),
     "get_internal_replica_context": Name("ray.serve.context", "_get_internal_replica_context", "replica log file"),
     "ReplicaContext": Name("ray.serve.context", "ReplicaContext", "replica log file (members below)"),
+    # torch: CPU engines ask for AMX in each vLLM worker (serve_app.engine.cpu)
+    "is_amx_tile_supported": Name("torch.cpu", "_is_amx_tile_supported", "does the CPU advertise AMX"),
+    "init_amx": Name("torch.cpu", "_init_amx", "arch_prctl(ARCH_REQ_XCOMP_PERM) for AMX in this process"),
     "ray_worker": Name("ray._private.worker", None, "tests: the Ray node's log rotation, read by Serve's logger"),
 }
 

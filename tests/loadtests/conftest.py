@@ -22,6 +22,7 @@ import pytest
 from .lt_helpers import Server
 
 from devstack.ports import TESTS_LOADTESTS
+from serve_app.llm_configs import CPU_WORKER_EXTENSION
 from tests.shared_stack import FIXTURE
 
 # The suite's own port plan (devstack/ports.py): disjoint from the demo's, the bench's and the other suites'.
@@ -44,7 +45,8 @@ def _start_vllm(log_path: Path) -> tuple[Server, subprocess.Popen[bytes]]:
                VLLM_CPU_OMP_THREADS_BIND="1")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(TEST_VLLM_PORT),
-           "--max-model-len", "2048", "--enforce-eager", "--dtype", "bfloat16"]
+           "--max-model-len", "2048", "--enforce-eager", "--dtype", "bfloat16",
+           "--worker-extension-cls", CPU_WORKER_EXTENSION]  # AMX permission in its worker, as the app's engines
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{TEST_VLLM_PORT}/v1"

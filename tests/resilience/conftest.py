@@ -46,6 +46,7 @@ from .resilience_helpers import (
 )
 
 from devstack.serve_config import MODEL_ID
+from serve_app.llm_configs import CPU_WORKER_EXTENSION
 from devstack.stack import LocalStack
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -133,6 +134,7 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExternalEndpo
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ensure_tiny_model()),
         "--served-model-name", EXTERNAL_MODEL, "--api-key", EXTERNAL_KEY, "--host", "127.0.0.1",
         "--port", str(EXTERNAL_PORT), "--max-model-len", "2048", "--enforce-eager", "--dtype", "bfloat16",
+        "--worker-extension-cls", CPU_WORKER_EXTENSION,  # AMX permission in its worker, as the app's engines
     ]  # fmt: skip
     with open(log, "wb") as out:
         process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
