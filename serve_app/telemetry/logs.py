@@ -46,27 +46,22 @@ def _flush_ours(should_flush):  # type: ignore[no-untyped-def]
 
 
 class _FlushOurWarnings(logging.Filter):
-    """Lets every record through; on a WARNING or above, makes sure each buffering handler of `ray.serve`
-    flushes it at once. A filter, not a handler: outside a Serve replica (no handler configured) Python's
+    """Lets every record through; on a WARNING or above, runs `keep_replica_log()`, so each buffering handler
+    of `ray.serve` flushes it at once. A filter, not a handler: outside a Serve replica (no handler configured) Python's
     last-resort stderr handler still prints our warnings. Serve attaches its handlers when the replica starts,
     possibly after our modules were imported, so this looks at the time of the record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
             keep_replica_log()
-            for handler in logging.getLogger("ray.serve").handlers:
-                if isinstance(handler, logging.handlers.MemoryHandler) and not getattr(
-                    handler.shouldFlush, "rld_flushes_warnings", False
-                ):
-                    handler.shouldFlush = _flush_ours(handler.shouldFlush)  # type: ignore[method-assign]
         return True
 
 
 def keep_replica_log() -> None:
-    """Serve's replica log handlers outlive a library's `logging.config` call (see the module's doc): a
-    MemoryHandler's close only flushes (its file handler, closed too, reopens on the next line); one already
-    closed (no target) is set up again by Serve's own `configure_component_logger`. Outside a replica (no
-    MemoryHandler on `ray.serve`) it does nothing."""
+    """Each buffering handler of `ray.serve` writes our WARNING+ at once, and outlives a library's
+    `logging.config` call (see the module's doc): its close only flushes (its file handler, closed too, reopens
+    on the next line); one already closed (no target) is set up again by Serve's own
+    `configure_component_logger`. Outside a replica (no MemoryHandler on `ray.serve`) it does nothing."""
     for handler in logging.getLogger("ray.serve").handlers:
         if not isinstance(handler, logging.handlers.MemoryHandler):
             continue
@@ -76,6 +71,8 @@ def keep_replica_log() -> None:
         if not getattr(handler, "rld_kept", False):
             handler.close = handler.flush  # type: ignore[method-assign]
             handler.rld_kept = True  # type: ignore[attr-defined]
+        if not getattr(handler.shouldFlush, "rld_flushes_warnings", False):
+            handler.shouldFlush = _flush_ours(handler.shouldFlush)  # type: ignore[method-assign]
 
 
 def _reattach_replica_log() -> None:
