@@ -72,8 +72,11 @@ def serve_deploy_config(applications: dict[str, dict[str, Any]], *, http_port: i
     `applications` maps an app name to {"route_prefix": ..., "args": ...}.
     """
     def application(name: str, app: dict[str, Any]) -> dict[str, Any]:
-        entry = {"name": name, "route_prefix": app["route_prefix"], "import_path": IMPORT_PATH, "args": app["args"]}
-        policy = AppConfig.model_validate(app["args"]).app_autoscaling_policy()  # autoscaling.mode coupled
+        config = AppConfig.model_validate(app["args"])
+        # as the chart renders it: the live fields are every deployment's user_config, not args
+        entry = {"name": name, "route_prefix": app["route_prefix"], "import_path": IMPORT_PATH,
+                 "args": config.static_args(), "deployments": config.serve_deployments()}
+        policy = config.app_autoscaling_policy()  # autoscaling.mode coupled
         if policy is not None:
             entry["autoscaling_policy"] = policy
         return entry

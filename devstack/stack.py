@@ -220,6 +220,41 @@ class LocalStack:
             f"groups? `ray status --address {self.cluster.address}`; replica logs: {self._logs()}"
         )
 
+    def apply_live(self, app: str, user_config: dict[str, Any], *, timeout_s: float = 120) -> None:
+        """Deploy the serve config again with `user_config` (live values) set on every deployment of `app`,
+        as a `helm upgrade` of a live value does (args unchanged: Serve reconfigures the replicas in place),
+        and wait until the app is RUNNING again."""
+        import ray
+        from serve_app.upstream import serve_private_api as serve_api
+        from ray.serve.schema import ServeDeploySchema
+
+        config = json.loads(json.dumps(self.serve_config))
+        entry = next(a for a in config["applications"] if a["name"] == app)
+        for deployment in entry["deployments"]:
+            deployment["user_config"] = {**deployment["user_config"], **user_config}
+        schema = ServeDeploySchema.model_validate(config)
+        ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
+        try:
+            client = serve_api.serve_start(http_options=schema.http_options.model_dump(),
+                                           proxy_location=schema.proxy_location)
+            client.deploy_apps(schema)
+            self.serve_config = config
+            self._wait_running(timeout_s)
+        finally:
+            ray.shutdown()
+
+    def serve_replica_ids(self) -> list[str]:
+        """Actor ids of every live Serve replica of the stack (an in-place update keeps them)."""
+        import ray
+        from ray.util.state import list_actors
+
+        ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
+        try:
+            actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
+            return sorted(a.actor_id for a in actors if a.class_name.startswith("ServeReplica:"))
+        finally:
+            ray.shutdown()
+
     def model_id(self, app: str) -> str:
         return next(a["args"]["model"]["id"] for a in self.serve_config["applications"] if a["name"] == app)
 

@@ -229,6 +229,14 @@ def build() -> tuple[str, str]:
         "{{/* Engine arguments the app sets itself (serve_app.config.RESERVED_ENGINE_ARGS), with the values key to use. */}}\n"
         '{{- define "ray-llm-disagg.reservedEngineArgs" -}}\n'
         + json.dumps(reserved, sort_keys=True)
+        + "\n{{- end -}}\n\n"
+        "{{/* The args a running app takes in place (serve_app.config.LIVE_FIELDS): every deployment's user_config,\n"
+        "not args; and the deployment names the builder gives (serve_app.config.AppConfig.deployment_names). */}}\n"
+        '{{- define "ray-llm-disagg.liveFields" -}}\n'
+        + json.dumps(list(config.LIVE_FIELDS))
+        + "\n{{- end -}}\n"
+        '{{- define "ray-llm-disagg.deploymentNaming" -}}\n'
+        + json.dumps({"frontend": config.FRONTEND_DEPLOYMENT, "prefix": config.ENGINE_DEPLOYMENT_PREFIX}, sort_keys=True)
         + "\n{{- end -}}\n"
     )
     return schema_text, tpl

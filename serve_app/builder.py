@@ -27,7 +27,7 @@ from serve_app.upstream import (
     maybe_apply_llm_deployment_config_defaults,
     to_model_metadata,
 )
-from serve_app.config import AppConfig
+from serve_app.config import ENGINE_DEPLOYMENT_PREFIX, FRONTEND_DEPLOYMENT, AppConfig
 from serve_app.frontend.app import ENDPOINTS, make_app
 from serve_app.frontend.ingress import BoundedOpenAiIngress
 from serve_app.llm_configs import frontend_deployment_config, role_llm_config
@@ -71,7 +71,7 @@ def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
             {"prefill_config": configs["prefill"], "decode_config": configs["decode"]}
         )
         prefill = build_llm_deployment(
-            pd.prefill_config, name_prefix="Prefill:", deployment_cls=MeteredPrefillServer
+            pd.prefill_config, name_prefix=ENGINE_DEPLOYMENT_PREFIX["prefill"], deployment_cls=MeteredPrefillServer
         )
         served_config = pd.decode_config
         bind_kwargs: dict[str, Any] = {
@@ -82,16 +82,16 @@ def build_app(args: Mapping[str, Any] | AppConfig) -> Application:
         prefill_name = prefill._bound_deployment.name
         if direct:
             bind_kwargs.update(app_config=app, role_deployments={"prefill": prefill_name})
-            return _direct(served_config, "Decode:", DirectSelectiveDecodeServer, bind_kwargs)
+            return _direct(served_config, ENGINE_DEPLOYMENT_PREFIX["decode"], DirectSelectiveDecodeServer, bind_kwargs)
         served = build_llm_deployment(
-            served_config, name_prefix="Decode:", deployment_cls=SelectiveDecodeServer, bind_kwargs=bind_kwargs
+            served_config, name_prefix=ENGINE_DEPLOYMENT_PREFIX["decode"], deployment_cls=SelectiveDecodeServer, bind_kwargs=bind_kwargs
         )
         roles = {"decode": served._bound_deployment.name, "prefill": prefill_name}
     else:
         served_config = configs["decode"]
         if direct:
-            return _direct(served_config, "Aggregated:", DirectMeteredServer, {"app_config": app})
-        served = build_llm_deployment(served_config, name_prefix="Aggregated:", deployment_cls=MeteredServer)
+            return _direct(served_config, ENGINE_DEPLOYMENT_PREFIX["aggregated"], DirectMeteredServer, {"app_config": app})
+        served = build_llm_deployment(served_config, name_prefix=ENGINE_DEPLOYMENT_PREFIX["aggregated"], deployment_cls=MeteredServer)
         roles = {"decode": served._bound_deployment.name}
     return _bind_ingress(app, served_config, served, roles)
 
@@ -113,6 +113,7 @@ def _bind_ingress(app: AppConfig, served_config: LLMConfig, served: Application,
     options = maybe_apply_llm_deployment_config_defaults(
         BoundedOpenAiIngress.get_deployment_options([served_config]), frontend_deployment_config(app)
     )
+    options["name"] = FRONTEND_DEPLOYMENT  # the chart names it in serveConfigV2 `deployments` (AppConfig.deployment_names)
     model_id = served_config.model_id
     return serve.deployment(
         make_fastapi_ingress(BoundedOpenAiIngress, endpoint_map=ENDPOINTS, app=make_app(app)), **options

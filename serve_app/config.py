@@ -16,9 +16,9 @@ OpenAI-compatible front deployment.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 Role = Literal["prefill", "decode"]
 
@@ -35,6 +35,18 @@ RESERVED_ENGINE_ARGS = {
 # Default Ray node label that names a worker's role. The chart puts it on each worker group
 # (KubeRay `labels:`), the app selects it in each role's placement-group bundles.
 DEFAULT_ROLE_LABEL_KEY = "ray-llm-disagg.io/role"
+
+# Values a running app takes in place. Serve replaces every replica of an app whose `args` change (the
+# app's code version hashes them), engines included; a deployment's `user_config` changes in place (Serve
+# calls each replica's `reconfigure`, nothing restarts). These fields are read per request, so the chart
+# passes them as every deployment's `user_config` instead of in `args`: a `helm upgrade` that changes only
+# them restarts nothing (AppConfig.serve_deployments).
+LIVE_FIELDS = ("remote_prefill_min_tokens", "timeouts", "limits")
+
+# Deployment names (the builder's): the frontend, and each engine role's prefix before Ray's name for the
+# model (Ray Serve LLM's `_get_deployment_name`; tests/unit/test_live_config.py builds the app to check).
+FRONTEND_DEPLOYMENT = "BoundedOpenAiIngress"
+ENGINE_DEPLOYMENT_PREFIX = {"prefill": "Prefill:", "decode": "Decode:", "aggregated": "Aggregated:"}
 
 
 class StrictModel(BaseModel):
@@ -743,3 +755,67 @@ class AppConfig(StrictModel):
         if self.mode == "aggregated" or self.prefill is None:
             return {"decode": self.decode}
         return {"prefill": self.prefill, "decode": self.decode}
+
+    # ---- live values (Serve's user_config) ----
+
+    def deployment_names(self) -> list[str]:
+        """The Serve deployments `build_app` makes for this config (frontend first when it has its own)."""
+        model = self.model.id.replace("/", "--").replace(".", "_")
+        roles = ["aggregated"] if self.mode == "aggregated" else ["prefill", "decode"]
+        names = [ENGINE_DEPLOYMENT_PREFIX[role] + model for role in roles]
+        return names if self.frontend.direct_streaming else [FRONTEND_DEPLOYMENT, *names]
+
+    def live(self) -> dict[str, Any]:
+        """The live fields (LIVE_FIELDS) as JSON: every deployment's `user_config`."""
+        fields = set(LIVE_FIELDS) - ({"remote_prefill_min_tokens"} if self.mode == "aggregated" else set())
+        return self.model_dump(mode="json", include=fields)
+
+    def static_args(self) -> dict[str, Any]:
+        """The args without the live fields (JSON): what the chart passes as `applications[].args`."""
+        return self.model_dump(mode="json", exclude=set(LIVE_FIELDS))
+
+    def serve_deployments(self) -> list[dict[str, Any]]:
+        """serveConfigV2 `applications[].deployments`: each deployment's user_config is the live fields. The
+        chart renders the same (tests/chart checks that they agree)."""
+        live = self.live()
+        return [{"name": name, "user_config": live} for name in self.deployment_names()]
+
+    def with_live(self, user_config: Optional[Mapping[str, Any]]) -> "AppConfig":
+        """This config with a deployment's user_config applied: each live field it sets replaces this one's
+        (a field it leaves out keeps the args' value). Raises LiveConfigError naming the bad key."""
+        live = parse_live(user_config)
+        if not live.model_fields_set:
+            return self
+        merged = {**self.model_dump(), **live.model_dump(include=live.model_fields_set)}
+        try:
+            return AppConfig.model_validate(merged)
+        except ValidationError as exc:
+            raise LiveConfigError(f"{LIVE_WHERE} conflicts with the app's args:\n{exc}") from exc
+
+
+LIVE_WHERE = (
+    "serve_app: invalid user_config (serveConfigV2 applications[].deployments[].user_config; chart values "
+    "remotePrefillMinTokens, timeouts, limits)"
+)
+
+LiveConfig = create_model(  # the live fields, with AppConfig's own types, defaults and rules
+    "LiveConfig",
+    __base__=StrictModel,
+    **{name: (AppConfig.model_fields[name].annotation, AppConfig.model_fields[name]) for name in LIVE_FIELDS},
+)
+
+
+class LiveConfigError(ValueError):
+    """A deployment's user_config is not a valid set of live values."""
+
+
+def parse_live(user_config: Optional[Mapping[str, Any]]) -> BaseModel:
+    """A user_config validated as LiveConfig (unknown keys refused); raises LiveConfigError naming the key."""
+    if user_config is None:
+        user_config = {}
+    if not isinstance(user_config, Mapping):
+        raise LiveConfigError(f"{LIVE_WHERE}: expected a mapping of {', '.join(LIVE_FIELDS)}, got {type(user_config).__name__}")
+    try:
+        return LiveConfig.model_validate(dict(user_config))
+    except ValidationError as exc:
+        raise LiveConfigError(f"{LIVE_WHERE}:\n{exc}") from exc

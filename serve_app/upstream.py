@@ -135,6 +135,9 @@ NAMES: dict[str, Name] = {
     # torch: CPU engines ask for AMX in each vLLM worker (serve_app.engine.cpu)
     "is_amx_tile_supported": Name("torch.cpu", "_is_amx_tile_supported", "does the CPU advertise AMX"),
     "init_amx": Name("torch.cpu", "_init_amx", "arch_prctl(ARCH_REQ_XCOMP_PERM) for AMX in this process"),
+    # Ray Serve: the FastAPI app of an ingress replica (its live limits, BoundedOpenAiIngress.reconfigure)
+    "serve_build_app": Name("ray.serve._private.build_app", "build_app", "tests: the deployments an app builds"),
+    "ASGIAppReplicaWrapper": Name("ray.serve._private.http_util", "ASGIAppReplicaWrapper", "an ingress replica's app"),
     "ray_worker": Name("ray._private.worker", None, "tests: the Ray node's log rotation, read by Serve's logger"),
 }
 
@@ -181,6 +184,8 @@ MEMBERS: tuple[Member, ...] = (
     Member("OpenAiIngress", "completions", "override"),
     Member("OpenAiIngress", "_get_model_id", "call"),
     Member("OpenAiIngress", "_get_configured_serve_handle", "call"),
+    # Serve's ingress wrapper: the app whose live limits BoundedOpenAiIngress.reconfigure replaces
+    Member("ASGIAppReplicaWrapper", "app", "call"),
     # the replica context: which log file Serve set up (telemetry.logs)
     Member("ReplicaContext", "replica_id", "attr"),
     Member("ReplicaContext", "_deployment_config", "attr"),

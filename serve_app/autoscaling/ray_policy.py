@@ -17,13 +17,13 @@ from typing import Any, Optional
 
 from serve_app.autoscaling import policy
 from serve_app.autoscaling.policy import Decision, PolicyState, RoleSignals
-from serve_app.config import CoupledAutoscalingSpec
+from serve_app.config import ENGINE_DEPLOYMENT_PREFIX, CoupledAutoscalingSpec
 from serve_app.telemetry.logs import get_logger
 
 logger = get_logger("serve_app.autoscaling")
 
 # The name prefixes serve_app.builder gives the role deployments.
-DEPLOYMENT_PREFIX = {"prefill": "Prefill:", "decode": "Decode:"}
+DEPLOYMENT_PREFIX = {role: ENGINE_DEPLOYMENT_PREFIX[role] for role in ("prefill", "decode")}
 LOG_PREFIX = "RLD_AUTOSCALE"
 
 

@@ -125,6 +125,14 @@ class DirectIngressMixin:
         self._role_deployments = dict(role_deployments or {})
         await super().__init__(llm_config, **kwargs)  # type: ignore[misc]
 
+    def reconfigure(self, user_config: Optional[dict[str, Any]]) -> None:
+        """Serve's user_config (the live values): the frontend's part here, the serving class's in super()."""
+        self._app_config = self._app_config.with_live(user_config)
+        ingress = getattr(self, "_direct_ingress", None)
+        if ingress is not None:
+            ingress.reconfigure(user_config)
+        super().reconfigure(user_config)  # type: ignore[misc]
+
     async def __serve_build_asgi_app__(self) -> FastAPI:
         from serve_app.frontend.app import ENDPOINTS, make_app
         from serve_app.frontend.ingress import THIS_REPLICA, BoundedOpenAiIngress
@@ -143,6 +151,7 @@ class DirectIngressMixin:
             role_deployments=roles,
         )
         app = make_app(self._app_config)
+        ingress.bind_app(app)
         for name, route in ENDPOINTS.items():
             route(app)(getattr(ingress, name))
         self._direct_ingress = ingress  # keeps its role watch and admission alive with the replica

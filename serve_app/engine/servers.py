@@ -37,7 +37,7 @@ from serve_app.engine.batching import StreamBatcher, StreamLoad, stamp_first
 from serve_app.telemetry.hops import HopClock
 from serve_app.telemetry.logs import keep_replica_log
 from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY, STREAM_MAX_INTERVAL_MS, STREAM_MAX_MESSAGES_PER_S
-from serve_app.config import FailoverSpec
+from serve_app.config import FailoverSpec, parse_live
 from serve_app.engine.direct import DirectIngressMixin
 from serve_app.engine.failover import PrefillFailover
 from serve_app.frontend.containment import EngineDeadBeforeDispatch
@@ -89,6 +89,12 @@ class _MeteredMixin:
 
     def _init_metrics(self, llm_config: LLMConfig, *, mode: str, role: str) -> None:
         self._metrics = RequestMetrics(model=llm_config.model_id, mode=mode, role=role)
+
+    def reconfigure(self, user_config: Optional[dict[str, Any]]) -> None:
+        """Serve's user_config: the app's live values (config.LIVE_FIELDS), validated. An engine that reads
+        none of them (prefill, aggregated) only checks them, so every deployment of the app takes the same
+        user_config and refuses the same mistakes."""
+        parse_live(user_config)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve's custom autoscaling metrics hook (called for autoscaled deployments): this replica's engine
@@ -216,8 +222,31 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         self._init_metrics(llm_config, mode="disaggregated", role="decode")
         await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
         self._failover = PrefillFailover(failover or FailoverSpec(), self._prefill_handle, model=llm_config.model_id)
+        self._failover.kv_warming = getattr(self, "_prewarm_task", None)  # local prefill until the handshake is done
         self._failover.roles.ensure_started()
-        if remote_prefill_min_tokens > 0 and not all(
+        if remote_prefill_min_tokens > 0:
+            self._check_prompt_counting()
+        logger.info(
+            "SelectiveDecodeServer ready: prompts with fewer than %d tokens are prefilled locally on decode",
+            remote_prefill_min_tokens,
+        )
+        settle_serving_process()
+
+    def reconfigure(self, user_config: Optional[dict[str, Any]]) -> None:
+        """Serve's user_config: a new `remote_prefill_min_tokens` is in force from the next request on."""
+        live = parse_live(user_config)
+        if "remote_prefill_min_tokens" not in live.model_fields_set:
+            return
+        threshold = live.remote_prefill_min_tokens
+        if threshold > 0 and self._remote_prefill_min_tokens <= 0:
+            self._check_prompt_counting()
+        if threshold != self._remote_prefill_min_tokens:
+            logger.info("live config: remote_prefill_min_tokens %d -> %d (prompts shorter than that are prefilled "
+                        "locally from the next request on; nothing restarted)", self._remote_prefill_min_tokens, threshold)
+        self._remote_prefill_min_tokens = threshold
+
+    def _check_prompt_counting(self) -> None:
+        if not all(
             hasattr(getattr(self.engine, name, None), method)
             for name, method in (
                 ("_oai_serving_chat", "render_chat_request"),
@@ -229,11 +258,6 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
                 "renderers that selective disaggregation counts prompt tokens with. Set "
                 "remote_prefill_min_tokens: 0 to disable it, or pin the versions in versions.env."
             )
-        logger.info(
-            "SelectiveDecodeServer ready: prompts with fewer than %d tokens are prefilled locally on decode",
-            remote_prefill_min_tokens,
-        )
-        settle_serving_process()
 
     async def _maybe_prewarm(self) -> None:
         """Ray's pre-warm (kv_transfer.prewarm: one tiny request through every prefill replica, so the NIXL

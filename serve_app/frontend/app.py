@@ -188,6 +188,18 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_json(error)
 
 
+class LiveLimits:
+    """The request limits an app's middleware reads, replaced in place by the ingress's `reconfigure`."""
+
+    def __init__(self, limits: LimitsSpec) -> None:
+        self.limits = limits
+
+
+def live_limits(app: Any) -> Optional[LiveLimits]:
+    """The LiveLimits of an app `make_app` built (None for any other app)."""
+    return getattr(getattr(app, "state", None), "live_limits", None)
+
+
 def make_app(app_config: Optional[AppConfig] = None) -> FastAPI:
     """The ingress FastAPI app: Ray's lifespan, metrics middleware and request ids, our guards and
     OpenAI-shaped error handlers; no docs/OpenAPI routes and no CORS unless origins are configured."""
@@ -200,7 +212,9 @@ def make_app(app_config: Optional[AppConfig] = None) -> FastAPI:
     app.add_exception_handler(Exception, _on_unexpected)
     # Middleware runs outermost-last-added: edge, hop clock, request id, CORS, auth, guard, metrics, handlers.
     add_http_metrics_middleware(app)
-    app.add_middleware(RequestGuard, max_body_bytes=limits.max_body_bytes)
+    # limits change in place (the ingress's reconfigure, Serve's user_config): the guard reads them per request
+    app.state.live_limits = live = LiveLimits(limits)
+    app.add_middleware(RequestGuard, max_body_bytes=lambda: live.limits.max_body_bytes)
     if auth.enabled:
         app.add_middleware(ApiKeyAuth, spec=auth)
     if auth.cors_allow_origins:

@@ -47,9 +47,9 @@ from serve_app.upstream import (
     sanitize_chat_completion_request,
     session_id_from_headers,
 )
-from serve_app.config import AppConfig
+from serve_app.config import LIVE_FIELDS, AppConfig
 from serve_app.frontend.admission import Admission, ReleasingResponse
-from serve_app.frontend.app import hop_clock, request_id, take_replica_stamps
+from serve_app.frontend.app import hop_clock, live_limits, request_id, take_replica_stamps
 from serve_app.frontend.auth import CACHE_SALT_STATE_KEY, CLIENT_KEY_STATE_KEY
 from serve_app.frontend.containment import Containment, fingerprint
 from serve_app.frontend.deadlines import Retryable, bounded_chunks, non_stream_deadline_s
@@ -134,6 +134,7 @@ class BoundedOpenAiIngress(OpenAiIngress):
             SaturationGate(self._admission, self._overflow),
             AdmissionGate(self._admission),
         )
+        self._app: Any = None  # the ASGI app serving this ingress when it is not Serve's wrapper (direct streaming)
         self._health: Optional[tuple[float, int, dict[str, Any], dict[str, str]]] = None
         self._health_lock = asyncio.Lock()
         logger.info("frontend serving through %s; admission and overflow limits per %s",
@@ -142,6 +143,31 @@ class BoundedOpenAiIngress(OpenAiIngress):
             self._roles.ensure_started()
         except Exception:  # noqa: BLE001 - started lazily on the first request instead
             pass
+
+    # ---- live values (Serve's user_config) ----
+
+    def reconfigure(self, user_config: Optional[dict[str, Any]]) -> None:
+        """The live values (config.LIVE_FIELDS: timeouts, limits) in force from the next request on, without
+        a restart. Serve calls it after the constructor and whenever the deployment's user_config changes
+        (the chart passes them there, so a `helm upgrade` of only these values restarts no replica)."""
+        config = self._config.with_live(user_config)
+        changed = [name for name in LIVE_FIELDS if getattr(config, name) != getattr(self._config, name)]
+        self._config = config
+        self._timeouts = config.timeouts
+        self._limits = config.limits
+        self._overflow.set_timeouts(config.timeouts)
+        app = self._app if self._app is not None else getattr(self, "app", None)  # Serve's ingress wrapper's app
+        limits = live_limits(app)
+        if limits is not None:
+            limits.limits = config.limits
+        elif app is not None:
+            logger.warning("live config: this ingress's app has no live limits; limits.max_body_bytes stays as built")
+        if changed:
+            logger.info("live config: %s changed (in force from the next request; nothing restarted)", ", ".join(changed))
+
+    def bind_app(self, app: Any) -> None:
+        """The ASGI app this ingress serves through when it is not Serve's ingress wrapper (direct streaming)."""
+        self._app = app
 
     # ---- endpoints ----
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from pydantic import ValidationError
 
@@ -565,9 +565,15 @@ class BodyTooLarge(Exception):
 class RequestGuard:
     """ASGI middleware: body-size limit (413), Serve control headers dropped, cancel on client disconnect."""
 
-    def __init__(self, app: Any, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, max_body_bytes: Union[int, Callable[[], int]]) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
+        self._max_body_bytes = max_body_bytes
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The limit now (a callable is the app's live limits, read per request)."""
+        value = self._max_body_bytes
+        return value() if callable(value) else value
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -128,12 +128,18 @@ class Overflow:
     def on_role_unavailable(self) -> bool:
         return self.has_capacity() and self.spec.on_role_unavailable
 
+    def set_timeouts(self, timeouts: TimeoutSpec) -> None:
+        """New live timeouts (the ingress's reconfigure): requests sent from now on read with them."""
+        self._timeouts = timeouts
+
+    def _timeout(self) -> httpx.Timeout:
+        read = max(self._timeouts.first_token_s, self._timeouts.between_tokens_s)
+        return httpx.Timeout(connect=self.spec.connect_timeout_s, read=read, write=30, pool=30)
+
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            read = max(self._timeouts.first_token_s, self._timeouts.between_tokens_s)
             self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(connect=self.spec.connect_timeout_s, read=read, write=30, pool=30),
-                limits=httpx.Limits(max_connections=self.spec.max_in_flight),
+                timeout=self._timeout(), limits=httpx.Limits(max_connections=self.spec.max_in_flight)
             )
         return self._client
 
@@ -203,7 +209,7 @@ class Overflow:
         deadline = time.monotonic() + self.spec.timeout_s
         try:
             upstream = await asyncio.wait_for(
-                client.send(client.build_request("POST", url, json=body, headers=headers), stream=True),
+                client.send(client.build_request("POST", url, json=body, headers=headers, timeout=self._timeout()), stream=True),
                 timeout=self.spec.timeout_s,
             )
         except (httpx.HTTPError, asyncio.TimeoutError) as exc:

@@ -166,8 +166,22 @@ class Rendered:
         return apps[0]
 
     @property
-    def args(self) -> dict:
+    def raw_args(self) -> dict:
+        """`applications[].args` as rendered: everything but the live fields."""
         return self.app["args"]
+
+    @property
+    def user_config(self) -> dict:
+        """The live fields (serve_app.config.LIVE_FIELDS), which every deployment gets as its user_config."""
+        configs = [d.get("user_config") for d in self.app.get("deployments", [])]
+        assert configs, "serveConfigV2 has no deployments (the live fields' user_config)"
+        assert all(c == configs[0] for c in configs), f"the deployments' user_configs differ: {configs}"
+        return configs[0]
+
+    @property
+    def args(self) -> dict:
+        """The app's effective args: `args` with the live fields the deployments carry as user_config."""
+        return {**self.raw_args, **self.user_config}
 
 
 class RenderError(AssertionError):

@@ -13,7 +13,7 @@ import re
 
 import yaml
 
-from serve_app.config import AppConfig, CoupledAutoscalingSpec
+from serve_app.config import LIVE_FIELDS, AppConfig, CoupledAutoscalingSpec
 
 from .conftest import CHART, Rendered, container, env_of, ports_of
 
@@ -509,10 +509,18 @@ def check_serve_config(r: Rendered) -> AppConfig:
     assert app["import_path"] == v["serve"]["importPath"] == "serve_app.builder:build_app"
     assert app["name"] == v["serve"]["appName"]
     assert app["route_prefix"] == v["serve"]["routePrefix"]
-    args = app["args"]
+    args = r.args  # `args` with the live fields every deployment carries as user_config
 
-    # the contract: the app's own pydantic models accept the args
-    cfg = AppConfig.model_validate(args)
+    # the contract: the app's own pydantic models accept the args, and then the deployments' user_config
+    static = AppConfig.model_validate(r.raw_args)
+    cfg = static.with_live(r.user_config)
+    assert AppConfig.model_validate(args) == cfg
+    # live values are not args (a change to args restarts every replica, engines included): one user_config,
+    # on every deployment the app builds, as the app itself renders it
+    assert not set(r.raw_args) & set(LIVE_FIELDS), f"live fields in args: {set(r.raw_args) & set(LIVE_FIELDS)}"
+    assert [d["name"] for d in app["deployments"]] == cfg.deployment_names()
+    assert set(app["deployments"][0]) == {"name", "user_config"}
+    assert set(r.user_config) == set(cfg.live()) and static.with_live(cfg.live()) == cfg
 
     assert cfg.mode == v["mode"]
     assert cfg.model.id == v["model"]["id"]

@@ -1,14 +1,15 @@
-"""`helm upgrade` of a serve-only value (`remotePrefillMinTokens`) under a trickle of requests, on real pods.
+"""`helm upgrade` of a live value (`remotePrefillMinTokens`) under a trickle of requests, on real pods.
 
-The chart README ("Upgrades") says a serve-config change is applied in place: KubeRay keeps the RayCluster (same
-name, same pods) and Serve redeploys the app on it. Here that is checked for real: the RayCluster and every Ray pod
-survive the upgrade, the new value is in force (the trickle's ~20-token prompt is now prefilled by decode: its trace
-says "local"), and the clients of the trickle got answers throughout: 200, or 503 with Retry-After while Serve replaced the decode replica
-(one replica that fills its pod's CPUs cannot overlap with its successor), never a hang or any other error. The
-number of requests that did not get a 200 is recorded in the suite's timings table."""
+The chart README ("Upgrades") says a live value (remotePrefillMinTokens, timeouts, limits) is every Serve
+deployment's user_config, applied in place by each replica's `reconfigure`: KubeRay keeps the RayCluster (same
+name, same pods), Serve keeps every replica (same actors: no engine restarts), and the new value is in force
+(the trickle's ~20-token prompt is now prefilled by decode: its trace says "local"). Every request of the
+trickle is answered 200 throughout: zero failed requests. The upgrade's time to the new value is recorded in
+the suite's timings table."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -18,6 +19,15 @@ from .conftest import ROOT, Node, record, wait_until
 from .test_recovery import CLIENT_TIMEOUT_S
 
 ORDER = 1.5  # after the pod deletions, before the secure-values release replaces this one
+
+# run in the head pod: the actor ids of Serve's live replicas (an in-place update keeps them all)
+SERVE_REPLICAS = """
+import json, ray
+from ray.util.state import list_actors
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
+print(json.dumps(sorted([a.class_name, a.actor_id] for a in actors if a.class_name.startswith("ServeReplica:"))))
+"""
 NEW_MIN_TOKENS = 64
 UPGRADE_TIMEOUT_S = 900
 
@@ -78,9 +88,18 @@ def served_locally(node: Node) -> bool:
     return False
 
 
-def test_a_serve_only_upgrade_is_applied_in_place_under_traffic(node: Node) -> None:
+def serve_replicas(node: Node) -> list[list[str]]:
+    head = node.ray_pods()["head"][0]["metadata"]["name"]
+    out = node.kubectl("exec", "-n", node.namespace, head, "-c", "ray-head", "--", "python", "-c", SERVE_REPLICAS,
+                       timeout=120)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_live_value_upgrade_restarts_nothing_and_fails_no_request(node: Node) -> None:
     clusters = sorted(c["metadata"]["name"] for c in node.get("raycluster", "-n", node.namespace)["items"])
     pods = {g: sorted(p["metadata"]["uid"] for p in ps) for g, ps in node.ray_pods().items()}
+    replicas = serve_replicas(node)
+    assert replicas, "no Serve replica actors found in the head pod's view of the cluster"
     assert not served_locally(node), "a request was served on the local path before the upgrade (threshold 0)"
 
     with Trickle(node) as trickle:
@@ -97,7 +116,7 @@ def test_a_serve_only_upgrade_is_applied_in_place_under_traffic(node: Node) -> N
         took = time.monotonic() - t0
     seen = trickle.seen
     not_ok = [e for e in seen if e[1] != 200]
-    record("serve-only helm upgrade -> new value serving", took)
+    record("live-value helm upgrade -> new value serving", took)
     record(f"  upgrade: requests not answered 200 (of {len(seen)})", float(len(not_ok)))
     print(f"upgrade: {len(seen)} requests, {len(not_ok)} not 200: {not_ok[:10]}")
 
@@ -105,9 +124,6 @@ def test_a_serve_only_upgrade_is_applied_in_place_under_traffic(node: Node) -> N
         "a serve-only upgrade replaced the RayCluster (the chart README promises it in place)"
     assert {g: sorted(p["metadata"]["uid"] for p in ps) for g, ps in node.ray_pods().items()} == pods, \
         "a serve-only upgrade restarted Ray pods"
-    hangs = [e for e in seen if e[1] == "timeout"]
-    assert not hangs, f"requests hung for {CLIENT_TIMEOUT_S}s during the upgrade: {hangs}"
-    for at, status, retry_after, _ in not_ok:
-        assert status == 503 and retry_after.isdigit(), \
-            f"at {at}s a client got {status} (Retry-After {retry_after!r}); expected 200 or 503 + Retry-After"
+    assert serve_replicas(node) == replicas, "a live-value upgrade replaced Serve replicas (engines restarted)"
+    assert not not_ok, f"{len(not_ok)} of {len(seen)} requests failed during a live-value upgrade: {not_ok[:10]}"
 

@@ -64,11 +64,36 @@ args' autoscaling section).
 {{- toYaml $args -}}
 {{- end -}}
 
-{{/* serveConfigV2 (YAML): Serve's HTTP options and the one application. */}}
+{{/* The Serve deployments build_app makes (serve_app.config.AppConfig.deployment_names; JSON list). */}}
+{{- define "ray-llm-disagg.deploymentNames" -}}
+{{- $naming := include "ray-llm-disagg.deploymentNaming" . | fromJson -}}
+{{- $model := .Values.model.id | replace "/" "--" | replace "." "_" -}}
+{{- $names := list -}}
+{{- if not .Values.frontend.directStreaming -}}{{- $names = append $names $naming.frontend -}}{{- end -}}
+{{- $roles := ternary (list "aggregated") (list "prefill" "decode") (eq .Values.mode "aggregated") -}}
+{{- range $role := $roles -}}{{- $names = append $names (printf "%s%s" (index $naming.prefix $role) $model) -}}{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/* serveConfigV2 (YAML): Serve's HTTP options and the one application. The live args
+(serve_app.config.LIVE_FIELDS: remotePrefillMinTokens, timeouts, limits) go to every deployment's
+user_config instead of args: Serve restarts every replica (engines included) when args change, and
+applies a user_config change in place (AppConfig.serve_deployments renders the same). */}}
 {{- define "ray-llm-disagg.serveConfigV2" -}}
 {{- $http := merge (dict "host" "0.0.0.0" "port" (int .Values.serve.port)) (deepCopy (default dict .Values.serve.httpOptions)) -}}
 {{- $args := include "ray-llm-disagg.appArgs" . | fromYaml -}}
-{{- $app := dict "name" .Values.serve.appName "route_prefix" .Values.serve.routePrefix "import_path" .Values.serve.importPath "args" $args -}}
+{{- $live := dict -}}
+{{- range $field := include "ray-llm-disagg.liveFields" . | fromJsonArray -}}
+{{- if hasKey $args $field -}}
+{{- $_ := set $live $field (index $args $field) -}}
+{{- $_ := unset $args $field -}}
+{{- end -}}
+{{- end -}}
+{{- $deployments := list -}}
+{{- range $name := include "ray-llm-disagg.deploymentNames" . | fromJsonArray -}}
+{{- $deployments = append $deployments (dict "name" $name "user_config" $live) -}}
+{{- end -}}
+{{- $app := dict "name" .Values.serve.appName "route_prefix" .Values.serve.routePrefix "import_path" .Values.serve.importPath "args" $args "deployments" $deployments -}}
 {{- if eq (toString .Values.autoscaling.mode) "coupled" -}}
 {{- /* Ray Serve's application-level policy (serve_app.config.AppConfig.app_autoscaling_policy builds the same) */ -}}
 {{- $_ := set $app "autoscaling_policy" (dict "policy_function" "serve_app.autoscaling.entry:CoupledPolicy" "policy_kwargs" (dict "autoscaling" $args.autoscaling)) -}}

@@ -10,3 +10,12 @@ args are these keys of .Values, renamed; templates/_appconfig.tpl walks the tree
 {{- define "ray-llm-disagg.reservedEngineArgs" -}}
 {"kv_transfer_config": "kvTransfer", "model": "model.source", "pipeline_parallel_size": "<role>.pipelineParallelSize", "served_model_name": "model.id", "tensor_parallel_size": "<role>.tensorParallelSize", "tokenizer": "model.tokenizerSource"}
 {{- end -}}
+
+{{/* The args a running app takes in place (serve_app.config.LIVE_FIELDS): every deployment's user_config,
+not args; and the deployment names the builder gives (serve_app.config.AppConfig.deployment_names). */}}
+{{- define "ray-llm-disagg.liveFields" -}}
+["remote_prefill_min_tokens", "timeouts", "limits"]
+{{- end -}}
+{{- define "ray-llm-disagg.deploymentNaming" -}}
+{"frontend": "BoundedOpenAiIngress", "prefix": {"aggregated": "Aggregated:", "decode": "Decode:", "prefill": "Prefill:"}}
+{{- end -}}
