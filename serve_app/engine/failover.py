@@ -26,7 +26,11 @@ pending. So decode watches that window (`kv_transfer_timeout_s`): once Serve sho
 running replica, or a streamed request's first token has not come by the deadline, the decode request is
 aborted and the ladder goes on at step 3 (reasons `kv_peer_lost`, `kv_timeout`).
 
-A prefill role that Serve reports without running replicas (RoleWatch) goes straight to step 3.
+A prefill role that Serve reports without running replicas (RoleWatch) goes straight to step 3, and so does
+every request while decode's NIXL pre-warm (its first hand-off with the prefill replicas, `kv_warming`) is still
+running (`kv_handshake_pending`): on the real node, requests whose KV pull started during a new decode replica's
+pre-warm handshake (38 s on a loaded node) never got their KV, not even after the handshake completed
+(docs/real-node.md); local prefill needs no transfer.
 A prefill that answers 4xx (bad request, prompt too long) is the client's error and is passed through.
 KV that cannot be loaded after a successful prefill is recomputed by vLLM itself
 (`kv_transfer.load_failure_policy: recompute`). After the first token, failures are the ingress's to
@@ -101,6 +105,7 @@ class PrefillFailover:
         self._local_fallbacks = 0
         self._counters = _Counters({"model": model})
         self.roles = RoleWatch({"prefill": prefill.deployment_name}, poll_s=spec.status_poll_s)
+        self.kv_warming: Optional[asyncio.Future] = None  # decode's NIXL pre-warm while it runs (SelectiveDecodeServer)
 
     async def run(self, server: Any, request: Any, raw: Any, on_path: Callable[[str], None]) -> AsyncIterator[Any]:
         """The response chunks of `request`; calls `on_path("remote" | "fallback")` once the path is known."""
@@ -193,6 +198,12 @@ class PrefillFailover:
         down = self.roles.unavailable("prefill")
         if down is not None:
             return None, [PrefillFailure("prefill_unavailable", down.describe())], None
+        if self.kv_warming is not None and not self.kv_warming.done():
+            return None, [PrefillFailure(
+                "kv_handshake_pending",
+                "this decode replica's NIXL pre-warm (its first KV hand-off with the prefill replicas) is still "
+                "running; a KV pull started now could stall behind it",
+            )], None
         handle = self._prefill
         if raw is not None:
             session_id = session_id_from_headers(raw.headers)

@@ -31,6 +31,7 @@ PREFILL_UNAVAILABLE_WHY = {
     "timeout": "the prefill replicas are not answering in time (overloaded or wedged)",
     "kv_peer_lost": "the prefill replica that computed this request's KV cache went away before decode loaded it",
     "kv_timeout": "the KV cache transfer from the prefill replica stalled",
+    "kv_handshake_pending": "the decode replica is still connecting to the prefill replicas",
 }
 PREFILL_UNAVAILABLE_DEFAULT_WHY = "the prefill replicas are failing"
 MAX_CLIENT_TEXT = 300

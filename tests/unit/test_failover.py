@@ -138,14 +138,21 @@ class Decode:
         return stream()
 
 
-def run(spec: FailoverSpec, decode: Decode, roles: Roles, *, stream: bool, monkeypatch: pytest.MonkeyPatch):
+def run(spec: FailoverSpec, decode: Decode, roles: Roles, *, stream: bool, monkeypatch: pytest.MonkeyPatch,
+        warming_s: Optional[float] = None, handle: Optional[Handle] = None):
+    """One request through the ladder; `warming_s`: decode's NIXL pre-warm still runs for that long."""
     monkeypatch.setattr(LLMServer, "completions", decode.completions)
     counted: list[str] = []
     paths: list[str] = []
 
     async def go() -> list[Any]:
-        ladder = failover_module.PrefillFailover(spec, Handle(), model="tiny")  # type: ignore[arg-type]
+        ladder = failover_module.PrefillFailover(spec, handle or Handle(), model="tiny")  # type: ignore[arg-type]
         ladder.roles = roles  # type: ignore[assignment]
+        if warming_s is not None:
+            warming = ladder.kv_warming = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_later(warming_s, lambda: warming.done() or warming.set_result(None))
+            if warming_s == 0:
+                warming.set_result(None)
         ladder._counters.inc = lambda reason, served_by: counted.append(f"{reason}->{served_by}")  # type: ignore[method-assign]
         request = CompletionRequest(model="tiny", prompt="hello " * 50, max_tokens=2, stream=stream)
         return [c async for c in ladder.run(Server(), request, None, paths.append)]
@@ -204,3 +211,21 @@ def test_a_slow_non_streamed_generation_is_not_cut_by_the_kv_window(monkeypatch:
                                     stream=False, monkeypatch=monkeypatch)
     assert chunks[0] == "data: remote-kv token 1\n\n" and counted == [] and paths == ["remote"]
     assert decode.aborted == []
+
+
+@pytest.mark.parametrize("warming_s, path, prefilled", [(30, "fallback", 0), (0, "remote", 1)])
+def test_while_the_nixl_pre_warm_runs_decode_prefills_locally(
+    warming_s: float, path: str, prefilled: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new decode replica serves before its pre-warm handshake with prefill is done (it runs in the background);
+    a KV pull started meanwhile stalled for good on the real node, so those requests are prefilled locally. Once
+    the pre-warm is done, the remote path is back."""
+    decode, handle = Decode(pull_s=0.05), Handle()
+    chunks, counted, paths, took = run(FailoverSpec(kv_transfer_timeout_s=5), decode, Roles(), stream=True,
+                                       monkeypatch=monkeypatch, warming_s=warming_s, handle=handle)
+    assert paths == [path] and handle.completions.dispatched == prefilled
+    if path == "fallback":
+        assert chunks[0] == "data: local token 1\n\n" and counted == ["kv_handshake_pending->fallback"]
+        assert decode.calls == ["local"] and took < 5  # not waiting for the pre-warm
+    else:
+        assert counted == [] and decode.calls == ["remote-kv"]
