@@ -244,14 +244,14 @@ class LocalStack:
             ray.shutdown()
 
     def serve_replica_ids(self) -> list[str]:
-        """Actor ids of every live Serve replica of the stack (an in-place update keeps them)."""
+        """The names of every live Serve replica actor (`SERVE_REPLICA::<app>#<deployment>#<replica id>`, read
+        from the GCS): an in-place update keeps them, a replaced replica gets a new id."""
         import ray
-        from ray.util.state import list_actors
 
         ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
         try:
-            actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
-            return sorted(a.actor_id for a in actors if a.class_name.startswith("ServeReplica:"))
+            actors = ray.util.list_named_actors(all_namespaces=True)
+            return sorted(a["name"] for a in actors if a["name"].startswith("SERVE_REPLICA::"))
         finally:
             ray.shutdown()
 
