@@ -782,7 +782,8 @@ class AppConfig(StrictModel):
 
     def with_live(self, user_config: Optional[Mapping[str, Any]]) -> "AppConfig":
         """This config with a deployment's user_config applied: each live field it sets replaces this one's
-        (a field it leaves out keeps the args' value). Raises LiveConfigError naming the bad key."""
+        (a field it leaves out keeps this config's value: the args' at the first call, the value in force
+        after). Raises LiveConfigError naming the bad key."""
         live = parse_live(user_config)
         if not live.model_fields_set:
             return self
