@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import yaml
 
-from serve_app.config import DEFAULT_ROLE_LABEL_KEY, ENGINE_DEPLOYMENT_PREFIX
+from serve_app.config import DEFAULT_ROLE_LABEL_KEY
 from devstack.cluster import DEFAULT_NODES, HIGH_THROUGHPUT_ENV, SERVE_MODES, LocalRayCluster, NodeSpec, format_cpu
 from devstack.ports import DEMO, PortPlan
 from devstack.serve_config import local_app_args, serve_deploy_config, with_overrides
@@ -187,23 +187,8 @@ class LocalStack:
                     log(f"serve start: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}; retrying once")
             client.deploy_apps(schema)
             self._wait_running(timeout_s)
-            self._wait_kv_warm(timeout_s)
         finally:
             ray.shutdown()
-
-    def _wait_kv_warm(self, timeout_s: float) -> None:
-        """Each running disaggregated app's decode replica (the stack runs one) ended its NIXL pre-warm: until
-        then decode prefills requests itself (kv_handshake_pending); the tests expect the remote path at once."""
-        from ray import serve
-
-        for entry in self.serve_config["applications"]:
-            if entry["name"] in self.pending_apps or entry["args"]["mode"] != "disaggregated":
-                continue
-            decode = next(d["name"] for d in entry["deployments"] if d["name"].startswith(ENGINE_DEPLOYMENT_PREFIX["decode"]))
-            handle = serve.get_deployment_handle(decode, app_name=entry["name"])
-            if not handle.wait_kv_warm.remote(timeout_s).result(timeout_s=timeout_s + 30):
-                raise TimeoutError(f"app {entry['name']!r}: decode's NIXL pre-warm did not end within {timeout_s:.0f} s; "
-                                   f"replica logs: {self._logs()}")
 
     def _wait_running(self, stall_s: float) -> None:
         """Wait until every app runs. Fails when Serve made no progress for `stall_s` seconds (no replica or

@@ -272,16 +272,6 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
             logger.warning("NIXL pre-warm did not complete (%s: %s); the first request through each prefill "
                            "replica will do the handshake instead", type(exc).__name__, exc)
 
-    async def wait_kv_warm(self, timeout_s: float) -> bool:
-        """Whether the NIXL pre-warm has ended (done or given up) within `timeout_s`; until then this replica
-        prefills requests itself (failover reason kv_handshake_pending). For stacks that want the remote path
-        from their first request on (devstack's warm-up); it never cancels the pre-warm."""
-        task = getattr(self, "_prewarm_task", None)
-        if task is None:
-            return True
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-        return bool(done)
-
     def _get_connector_backend(self):
         if self._handoff_backend is None:
             self._handoff_backend = _HandoffClockBackend(super()._get_connector_backend())
