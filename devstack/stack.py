@@ -159,12 +159,15 @@ class LocalStack:
             http_port=self.ports.http,
         )
 
-    def _deploy_and_wait(self, timeout_s: float) -> None:
+    def _deploy_and_wait(self, timeout_s: float, config: Optional[dict[str, Any]] = None) -> None:
+        """Deploy `config` (default: the stack's serve config) through Serve's config path and wait until
+        every app runs; `config` becomes the stack's serve config once Serve took it."""
         import ray
         from serve_app.upstream import serve_private_api as serve_api
         from ray.serve.schema import ServeDeploySchema
 
-        schema = ServeDeploySchema.model_validate(self.serve_config)
+        config = self.serve_config if config is None else config
+        schema = ServeDeploySchema.model_validate(config)
         if ray.is_initialized():
             raise RuntimeError(
                 "LocalStack: this process is already connected to a Ray cluster (an earlier ray.init(), or a "
@@ -186,6 +189,7 @@ class LocalStack:
                         raise
                     log(f"serve start: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}; retrying once")
             client.deploy_apps(schema)
+            self.serve_config = config
             self._wait_running(timeout_s)
         finally:
             ray.shutdown()
@@ -224,24 +228,11 @@ class LocalStack:
         """Deploy the serve config again with `user_config` (live values) set on every deployment of `app`,
         as a `helm upgrade` of a live value does (args unchanged: Serve reconfigures the replicas in place),
         and wait until the app is RUNNING again."""
-        import ray
-        from serve_app.upstream import serve_private_api as serve_api
-        from ray.serve.schema import ServeDeploySchema
-
         config = json.loads(json.dumps(self.serve_config))
         entry = next(a for a in config["applications"] if a["name"] == app)
         for deployment in entry["deployments"]:
             deployment["user_config"] = {**deployment["user_config"], **user_config}
-        schema = ServeDeploySchema.model_validate(config)
-        ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
-        try:
-            client = serve_api.serve_start(http_options=schema.http_options.model_dump(),
-                                           proxy_location=schema.proxy_location)
-            client.deploy_apps(schema)
-            self.serve_config = config
-            self._wait_running(timeout_s)
-        finally:
-            ray.shutdown()
+        self._deploy_and_wait(timeout_s, config)
 
     def serve_replica_ids(self) -> list[str]:
         """The names of every live Serve replica actor (`SERVE_REPLICA::<app>#<deployment>#<replica id>`, read
