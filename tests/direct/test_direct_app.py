@@ -142,22 +142,35 @@ def engine_busy(stack: LocalStack) -> float:
 def test_admission_bounds_each_serving_replica_and_a_disconnect_frees_it(stack: LocalStack, http: httpx.Client) -> None:
     """agg admits 1 running + 0 queued: a second request while one streams gets 429 at once; once the
     first client goes away, the engine aborts its request and the slot is free again."""
-    wait_until("the engines to be idle", lambda: engine_busy(stack) == 0)
-    body = {"model": MODEL_ID, "prompt": prompt(20), "max_tokens": 1500, "stream": True, "ignore_eos": True}
+    small = {"model": MODEL_ID, "prompt": "hello", "max_tokens": 2}
+
+    def admitted() -> bool:
+        return http.post("/agg/v1/completions", json=small).status_code == 200
+
+    # The slot is free once a small request is admitted (the engine metrics lag by seconds: no proof of it).
+    wait_until("agg to admit a request (an earlier test's request to end)", admitted, timeout_s=120)
+    # The first request must still be running when the second arrives, also on a loaded machine: the tiny
+    # model decodes 1500 tokens in a few seconds, so it fills the context with 8 sequences (8 sequences hold
+    # the one slot there is: a request's weight is capped at max_in_flight).
+    body = {"model": MODEL_ID, "prompt": prompt(20), "max_tokens": MAX_MODEL_LEN - 64, "n": 8, "stream": True,
+            "ignore_eos": True}
     with authorized_client(stack, API_KEY) as first:
         with first.stream("POST", "/agg/v1/completions", json=body) as stream:
             assert stream.status_code == 200
             next(stream.iter_lines())  # it is running
             t0 = time.monotonic()
-            rejected = http.post("/agg/v1/completions", json={**body, "stream": False, "max_tokens": 2})
+            rejected = http.post("/agg/v1/completions", json={**body, "stream": False, "n": 1, "max_tokens": 2})
             elapsed = time.monotonic() - t0
+            assert rejected.status_code == 429, (
+                f"HTTP {rejected.status_code} after {elapsed:.2f} s while the first request should hold the slot "
+                f"(engine requests running now: {engine_busy(stack)}): {rejected.text[:300]}")
             error = openai_error(rejected, 429)
             assert int(rejected.headers["retry-after"]) >= 1 and elapsed < 10, (error, elapsed)
             print(f"admission: second request 429 in {elapsed:.2f} s: {error['message'][:160]}")
         # leaving the `with` closed the connection mid-stream
+    # the abandoned request ends (the engine aborts it) and frees its slot:
+    wait_until("the abandoned request's slot to be free again", admitted, timeout_s=60)
     wait_until("the engine to abort the abandoned request", lambda: engine_busy(stack) == 0, timeout_s=60)
-    again = http.post("/agg/v1/completions", json={**body, "stream": False, "max_tokens": 2})
-    assert again.status_code == 200, again.text
 
 
 def test_zz_dead_engine_answers_503_instead_of_hanging(stack: LocalStack, http: httpx.Client) -> None:
