@@ -157,7 +157,11 @@ def test_admission_bounds_each_serving_replica_and_a_disconnect_frees_it(stack: 
     with authorized_client(stack, API_KEY) as first:
         with first.stream("POST", "/agg/v1/completions", json=body) as stream:
             assert stream.status_code == 200
-            next(stream.iter_lines())  # it is running
+            # Keep the iterator: a dropped one is closed when the garbage collector gets to it, and closing it
+            # closes the connection, which cancels the first request at a moment of the collector's choosing
+            # (that, not admission, was the "200 for the second request" of earlier runs).
+            lines = stream.iter_lines()
+            next(lines)  # it is running
             t0 = time.monotonic()
             rejected = http.post("/agg/v1/completions", json={**body, "stream": False, "n": 1, "max_tokens": 2})
             elapsed = time.monotonic() - t0
@@ -167,6 +171,7 @@ def test_admission_bounds_each_serving_replica_and_a_disconnect_frees_it(stack: 
             error = openai_error(rejected, 429)
             assert int(rejected.headers["retry-after"]) >= 1 and elapsed < 10, (error, elapsed)
             print(f"admission: second request 429 in {elapsed:.2f} s: {error['message'][:160]}")
+            lines.close()
         # leaving the `with` closed the connection mid-stream
     # the abandoned request ends (the engine aborts it) and frees its slot:
     wait_until("the abandoned request's slot to be free again", admitted, timeout_s=60)
