@@ -157,9 +157,9 @@ def test_admission_bounds_each_serving_replica_and_a_disconnect_frees_it(stack: 
     with authorized_client(stack, API_KEY) as first:
         with first.stream("POST", "/agg/v1/completions", json=body) as stream:
             assert stream.status_code == 200
-            # Keep the iterator: a dropped one is closed when the garbage collector gets to it, and closing it
-            # closes the connection, which cancels the first request at a moment of the collector's choosing
-            # (that, not admission, was the "200 for the second request" of earlier runs).
+            # Keep the iterator: dropping it closes the connection at once, which cancels the first request as
+            # soon as HAProxy passes the close on, before or after the second request arrives (that, not
+            # admission, was the "200 for the second request" of earlier runs).
             lines = stream.iter_lines()
             next(lines)  # it is running
             t0 = time.monotonic()
