@@ -5,6 +5,7 @@ headers have no effect; a client that goes away frees the engines."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import re
@@ -166,19 +167,21 @@ def test_client_disconnect_aborts_the_request_on_the_engines(
         "stream": True,
         "ignore_eos": True,
     }
-    streams = []
-    for _ in range(3):
-        client = httpx.Client(base_url=http.base_url, headers={**http.headers, **headers}, timeout=60)
-        context = client.stream("POST", CHAT, json=body)
-        response = context.__enter__()
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        assert next(lines).startswith("data:")  # the stream is running on an engine
-        streams.append(client)
-    time.sleep(1)
-    closed = time.monotonic()
-    for client in streams:
-        client.close()  # the client goes away mid-stream
+    # Each stream's client, context and line iterator stay referenced until the clients leave together:
+    # dropping the context or the iterator closes the connection at once (shown with a local server).
+    with contextlib.ExitStack() as held:
+        readers = []
+        for _ in range(3):
+            client = held.enter_context(
+                httpx.Client(base_url=http.base_url, headers={**http.headers, **headers}, timeout=60)
+            )
+            response = held.enter_context(client.stream("POST", CHAT, json=body))
+            assert response.status_code == 200
+            readers.append(response.iter_lines())
+            assert next(readers[-1]).startswith("data:")  # the stream is running on an engine
+        time.sleep(1)
+        closed = time.monotonic()
+    # Leaving the block closed every client mid-stream.
     # The engines' gauges reach the exporter every 2 s, later on a loaded machine: the wait is generous, and
     # what tells an abort from a run to the end is the count of finished requests below, not the time.
     wait_until("the engines to drop the abandoned requests", lambda: engine_requests(stack) == 0, timeout_s=60, every_s=0.5)
