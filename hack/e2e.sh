@@ -407,7 +407,11 @@ wait_rayservice() {
   local release="$1" ns="$2" deadline last="" now
   deadline=$(( $(date +%s) + READY_TIMEOUT_S ))
   while :; do
-    if kc -n "$ns" get rayservice "$release-ray-llm-disagg" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True; then
+    # Ready, and (after an upgrade that rolls a new RayCluster: e.g. a new image on a running node) serving from
+    # the new cluster with the old one gone: only then do the release's pods run what was just installed
+    if kc -n "$ns" get rayservice "$release-ray-llm-disagg" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True &&
+       [ -z "$(kc -n "$ns" get rayservice "$release-ray-llm-disagg" -o jsonpath='{.status.pendingServiceStatus.rayClusterName}' 2>/dev/null)" ] &&
+       [ "$(kc -n "$ns" get raycluster -o name 2>/dev/null | grep -c "/$release-ray-llm-disagg-")" -le 1 ]; then
       return 0
     fi
     now="$(kc -n "$ns" get pods -o custom-columns=NAME:.metadata.name,PHASE:.status.phase,READY:.status.containerStatuses[*].ready --no-headers 2>/dev/null | tr -s ' ' | tr '\n' ';')"

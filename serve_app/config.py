@@ -184,6 +184,14 @@ class FrontendSpec(StrictModel):
     """The OpenAI-compatible front deployment (BoundedOpenAiIngress) in front of the engines."""
 
     replicas: int = Field(default=1, ge=1)
+    max_replicas_per_node: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Most frontend replicas on one Ray node (Serve's `max_replicas_per_node`; unset: no limit). "
+        "Serve's own spreading is best effort: replicas started while only one node had joined (the head, at a "
+        "cluster's start) all stay there, and a pod that holds every replica takes the whole frontend with it. "
+        "1 keeps them on different nodes; a replica with no node left to take it stays pending.",
+    )
     num_cpus: float = Field(default=1, ge=0)
     max_ongoing_requests: int = Field(default=1000, ge=1)
     direct_streaming: bool = Field(

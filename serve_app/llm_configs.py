@@ -149,8 +149,11 @@ def frontend_deployment_config(app: AppConfig) -> dict[str, Any]:
     }
     if app.placement.frontend_label:
         actor_options["label_selector"] = dict(app.placement.frontend_label)
-    return {
+    config: dict[str, Any] = {
         "num_replicas": app.frontend.replicas,
         "max_ongoing_requests": app.frontend.max_ongoing_requests,
         "ray_actor_options": actor_options,
     }
+    if app.frontend.max_replicas_per_node is not None:
+        config["max_replicas_per_node"] = app.frontend.max_replicas_per_node
+    return config

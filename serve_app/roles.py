@@ -1,6 +1,6 @@
 """Which serving roles can take requests right now, as Serve's controller sees them.
 
-Why: when a role has no running replica (its placement group cannot be scheduled, or every replica is
+Why: when a role has no running replica (none RUNNING or PENDING_MIGRATION: the states Serve routes to) (its placement group cannot be scheduled, or every replica is
 dead and restarting), Serve's router waits for one without a deadline and the app stays DEPLOYING; a
 client would wait for the 300 s first-token timeout. A `RoleWatch` reads `serve.status()` in the
 background, so the ingress answers 503 naming the role (or overflows) at once, the decode replica skips a
@@ -31,6 +31,10 @@ from typing import Any, Callable, Optional
 from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
+
+# Replica states Serve routes requests to (its DeploymentState.get_running_replica_infos): PENDING_MIGRATION is a
+# replica on a draining node (a deleted pod's preStop, serve_app.pod.drain) that serves until Serve stops it.
+SERVING = frozenset({"RUNNING", "PENDING_MIGRATION"})
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,7 @@ class RoleWatch:
                     state = RoleState(name, 0, "NOT_DEPLOYED", "not part of the app yet", now)
                 else:
                     running = sum(
-                        n for s, n in overview.replica_states.items() if str(getattr(s, "value", s)) == "RUNNING"
+                        n for s, n in overview.replica_states.items() if str(getattr(s, "value", s)) in SERVING
                     )
                     status_name = str(getattr(overview.status, "value", overview.status))
                     state = RoleState(name, running, status_name, overview.message, now)

@@ -139,6 +139,12 @@ NAMES: dict[str, Name] = {
     "serve_build_app": Name("ray.serve._private.build_app", "build_app", "tests: the deployments an app builds"),
     "ASGIAppReplicaWrapper": Name("ray.serve._private.http_util", "ASGIAppReplicaWrapper", "an ingress replica's app"),
     "ray_worker": Name("ray._private.worker", None, "tests: the Ray node's log rotation, read by Serve's logger"),
+    # Ray core: a worker pod's preStop drains its node (serve_app.pod.drain), as `ray drain-node` does
+    "InnerGcsClient": Name("ray._raylet", "InnerGcsClient", "pod drain: GCS calls with a connect timeout (members below)"),
+    "DrainNodeReason": Name("ray.core.generated.autoscaler_pb2", "DrainNodeReason", "pod drain: the reason"),
+    "canonicalize_bootstrap_address": Name(
+        "ray._private.services", "canonicalize_bootstrap_address", "pod drain: GCS address (env, ray_current_cluster)"
+    ),
 }
 
 
@@ -149,6 +155,10 @@ class Member(NamedTuple):
 
 
 MEMBERS: tuple[Member, ...] = (
+    # Ray's GCS client (what GcsClient wraps; `standalone` takes a connect timeout): a worker pod's preStop drains its node
+    Member("InnerGcsClient", "standalone", "call"),
+    Member("InnerGcsClient", "get_all_node_info", "call"),
+    Member("InnerGcsClient", "drain_node", "call"),
     # LLMServer: our metered servers
     Member("LLMServer", "__serve_build_asgi_app__", "override"),  # direct streaming's ASGI app
     Member("LLMServer", "_batch_output_stream", "override"),  # StreamBatcher: first chunk at once

@@ -539,3 +539,43 @@ def test_ingress_routes_the_users_paths():
 def test_the_system_path_check_of_expect(path, path_type, reaches):
     from .expect import reaches_system_paths
     assert reaches_system_paths(path, path_type) is reaches
+
+
+@pytest.mark.parametrize("values,grace,deadline", [
+    ({}, 60, "50"),
+    ({"decode": {"terminationGracePeriodSeconds": 300}, "prefill": {"terminationGracePeriodSeconds": None}}, None, None),
+])
+def test_worker_pods_drain_their_ray_node_before_they_stop(values, grace, deadline):
+    """drainOnDelete: each worker pod's preStop drains its Ray node within its grace minus 10 s (serve_app/pod/drain.py);
+    the head (GCS, Serve controller) has none. A null grace is Kubernetes' 30 s."""
+    r = render(values=values)
+    want = {"prefill": (grace or 30, deadline or "20"), "decode": (grace or 300, deadline or "290")}
+    for role, (g, dl) in want.items():
+        spec = r.groups[role]["template"]["spec"]
+        assert spec.get("terminationGracePeriodSeconds", 30) == g
+        assert container(r.groups[role]["template"])["lifecycle"] == {
+            "preStop": {"exec": {"command": ["python", "-m", "serve_app.pod.drain", "--deadline-s", dl]}}}
+    assert "lifecycle" not in container(r.head["template"])
+
+
+def test_no_drain_hook_when_drain_on_delete_is_off():
+    r = render(values={"drainOnDelete": {"enabled": False}, "decode": {"terminationGracePeriodSeconds": 5}})
+    assert all("lifecycle" not in container(g["template"]) for g in r.groups.values())
+    assert r.groups["decode"]["template"]["spec"]["terminationGracePeriodSeconds"] == 5
+
+
+
+def test_the_drain_hook_runs_a_module_the_image_installs():
+    """The preStop names `serve_app.pod.drain`: setuptools' package discovery (what `pip install .` in
+    images/Dockerfile ships) finds `serve_app.pod`, and the module takes the flag the chart passes."""
+    import tomllib
+    from pathlib import Path
+
+    from setuptools import find_packages
+
+    import serve_app.pod.drain as drain
+
+    root = Path(__file__).resolve().parents[2]
+    find = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert "serve_app.pod" in find_packages(str(root), include=find.get("include", ["*"]), exclude=find.get("exclude", ()))
+    assert drain.parser().parse_args(["--deadline-s", "50"]).deadline_s == 50.0

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from serve_app.config import RESERVED_ENGINE_ARGS, AppConfig
 
 from .conftest import CHART, EXAMPLES, REPO, effective_values, load_values, render, render_error
-from .expect import accelerator_type, backend, buffer_device, roles_of
+from .expect import accelerator_type, backend, buffer_device, hosts, roles_of
 from .test_chart_invalid import INVALID
 from .test_chart_render import MATRIX
 
@@ -137,6 +137,19 @@ def mirror(model: type[BaseModel], values: dict) -> dict:
     return out
 
 
+def frontend_per_node(v: dict) -> int | None:
+    """frontend.maxReplicasPerNode as given; null: 1 when the Ray pods that can take a frontend replica (workers
+    up to their autoscaling max, the head when a replica needs no CPU) hold frontend.replicas one per pod."""
+    fe = v["frontend"]
+    if fe.get("maxReplicasPerNode") is not None:
+        return int(fe["maxReplicasPerNode"])
+    if fe["directStreaming"]:
+        return None
+    pods = sum((v[r]["autoscaling"]["maxReplicas"] if v[r]["autoscaling"]["enabled"] else v[r]["replicas"]) * hosts(v, r)
+               for r in roles_of(v))
+    return 1 if fe["replicas"] <= pods + (float(fe["numCpus"]) == 0) else None
+
+
 def expected_args(v: dict) -> dict:
     args = mirror(AppConfig, v)
     if v["mode"] == "aggregated":
@@ -148,6 +161,10 @@ def expected_args(v: dict) -> dict:
         args[role].pop("accelerator_type", None)
         if accelerator_type(v, role):
             args[role]["accelerator_type"] = accelerator_type(v, role)
+    per_node = frontend_per_node(v)
+    args["frontend"].pop("max_replicas_per_node", None)
+    if per_node is not None:
+        args["frontend"]["max_replicas_per_node"] = per_node
     keys = v["auth"]["apiKeySecret"]
     if keys["name"]:
         args.setdefault("auth", {})["api_keys_file"] = f"/etc/ray-llm-disagg/api-keys/{keys['key']}"

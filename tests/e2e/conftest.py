@@ -32,10 +32,9 @@ def record(label: str, seconds: float) -> None:
     print(f"[timing] {label}: {seconds:.1f}s")
 
 
-# A plain `make test` (pytest tests/) leaves it out until the decode-pod recovery passes every time (the fresh-clone
-# CI pass of 2026-12-03 had one probe request hang 60 s during it: docs/real-node.md, "Still open"); RLD_E2E=1
-# adds it, and a named run (`make test-e2e`, `pytest tests/e2e`) always runs it.
-IN_DEFAULT_RUN = os.environ.get("RLD_E2E") == "1"
+# In every `make test` (pytest tests/); RLD_E2E=0 leaves it out (e.g. a machine without root), and a named run
+# (`make test-e2e`, `pytest tests/e2e`) always runs it.
+IN_DEFAULT_RUN = os.environ.get("RLD_E2E", "1") != "0"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,6 +59,18 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("real-node timings")
         for label, seconds in TIMINGS.items():
             terminalreporter.write_line(f"{seconds:8.1f}s  {label}")
+
+
+# run in the head pod: Serve's live replica actors and the IP of the Ray node (pod) each runs on
+SERVE_REPLICAS = """
+import json, ray
+from ray.util.state import list_actors
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
+print(json.dumps(sorted([a.class_name, a.actor_id, ips.get(a.node_id, "?")] for a in actors
+                        if a.class_name.startswith("ServeReplica:"))))
+"""
 
 
 @dataclass
@@ -94,6 +105,13 @@ class Node:
 
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def serve_replicas(self) -> list[list[str]]:
+        """Serve's live replica actors as [class name, actor id, node IP], sorted (Ray's state API, from the head)."""
+        head = self.ray_pods()["head"][0]["metadata"]["name"]
+        out = self.kubectl("exec", "-n", self.namespace, head, "-c", "ray-head", "--", "python", "-c", SERVE_REPLICAS,
+                           timeout=120)
+        return json.loads(out.strip().splitlines()[-1])
 
     def ray_pods(self, namespace: str | None = None) -> dict[str, list[dict]]:
         """The release's Ray pods by group (head, prefill, decode), from KubeRay's labels."""

@@ -10,7 +10,7 @@ the suite's timings."""
 
 from __future__ import annotations
 
-import json
+import subprocess
 import threading
 import time
 
@@ -25,24 +25,13 @@ RECOVERY_TIMEOUT_S = 900
 CLIENT_TIMEOUT_S = 60  # a request that takes longer than this counts as a hang
 FRONTEND_PODS_DELETED: list[str] = []
 
-# run in the head pod: the pod IPs of the Ray nodes that hold a live frontend (BoundedOpenAiIngress) replica
-FRONTEND_IPS = """
-import json, ray
-from ray.util.state import list_actors
-ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
-ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
-actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
-print(json.dumps([[a.class_name, ips.get(a.node_id, "?")] for a in actors if a.class_name.startswith("ServeReplica:")]))
-"""
 
 
 def frontend_pods(node: Node) -> list[str]:
-    pods = node.ray_pods()
-    by_ip = {p["status"].get("podIP"): p["metadata"]["name"] for group in pods.values() for p in group}
-    out = node.kubectl("exec", "-n", node.namespace, pods["head"][0]["metadata"]["name"], "--",
-                       "python", "-c", FRONTEND_IPS, timeout=120)
-    replicas = json.loads(out.strip().splitlines()[-1])
-    mine = [by_ip.get(ip, ip) for cls, ip in replicas if cls.endswith(":BoundedOpenAiIngress")]
+    """The pods that hold a live frontend (BoundedOpenAiIngress) replica, one entry per replica."""
+    by_ip = {p["status"].get("podIP"): p["metadata"]["name"] for group in node.ray_pods().values() for p in group}
+    replicas = node.serve_replicas()
+    mine = [by_ip.get(ip, ip) for cls, _, ip in replicas if cls.endswith(":BoundedOpenAiIngress")]
     assert mine, f"no live BoundedOpenAiIngress replica among Serve's replica actors {replicas}"
     return mine
 
@@ -93,6 +82,30 @@ class Clients:
         return self.seen
 
 
+class PodLog:
+    """`kubectl logs -f` of a pod until it is gone: the drain hook's `rld-drain:` lines (serve_app/pod/drain.py),
+    and how long after the start the pod's log ended (its container stopped)."""
+
+    def __init__(self, node: Node, pod: str) -> None:
+        self.t0, self.lines, self.gone_after = time.monotonic(), [], None
+        self._proc = subprocess.Popen(["kubectl", "logs", "-f", "--since=1s", "-n", node.namespace, pod],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node.env)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if "rld-drain:" in line:
+                self.lines.append(line.strip())
+        self.gone_after = round(time.monotonic() - self.t0, 1)
+
+    def stop(self) -> list[str]:
+        self._thread.join(5)
+        self._proc.kill()
+        return self.lines
+
+
 def check_answers(role: str, seen: list[tuple[float, int | str, str]], who: str) -> None:
     hangs = [e for e in seen if e[1] == "timeout"]
     assert not hangs, f"{who}: requests hung for {CLIENT_TIMEOUT_S}s while the {role} pod was gone: {hangs}"
@@ -113,6 +126,7 @@ def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role
         FRONTEND_PODS_DELETED.append(role)
     t0 = time.monotonic()
     clients = Clients(node, t0)
+    drain_log = PodLog(node, old)
     node.kubectl("delete", "pod", "-n", node.namespace, old, "--wait=false")
     seen: list[tuple[float, int | str, str]] = []
 
@@ -131,7 +145,11 @@ def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role
         wait_until(answered_again, RECOVERY_TIMEOUT_S, f"requests answered again after deleting the {role} pod", interval=3)
     finally:
         background = clients.stop()
+        drained = drain_log.stop()
     took = time.monotonic() - t0
+    gone = drain_log.gone_after
+    record(f"  {role}: deleted pod gone after", gone if gone is not None else float("nan"))
+    print(f"{role}: the deleted pod's drain lines: {drained}")
     record(f"{role} pod deleted -> answered again", took)
     every = seen + background
     not_ok = [e for e in every if e[1] != 200]
@@ -142,6 +160,10 @@ def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role
     assert len(background) > len(seen), "the background clients sent fewer requests than the probe: were they stuck?"
     check_answers(role, seen, "probe")
     check_answers(role, background, "back-to-back clients")
+    # drainOnDelete: the preStop drained the pod's Ray node, and everything on it stopped before the grace ran out
+    assert any("draining node" in line for line in drained), f"no drain started in the deleted {role} pod: {drained}"
+    assert any(" drained in " in line for line in drained), (
+        f"the deleted {role} pod's drain did not finish before its deadline: {drained}")
     if role == "prefill":
         # what an operator reads at 3 a.m.: decode's replica log names each request it prefilled itself (Serve's
         # high-throughput mode buffers replica logs; our warnings must not wait in that buffer)
@@ -153,6 +175,13 @@ def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role
 
 
 def test_one_deleted_pod_held_a_frontend_replica(node: Node) -> None:
-    """The chart's two frontend replicas are spread over three Ray pods, so deleting decode and then prefill
-    deletes at least one: the case above is not left to chance."""
+    """The chart's two frontend replicas are on different Ray pods (frontend.maxReplicasPerNode: 1) of three, so
+    deleting decode and then prefill deletes at least one: the case above is not left to chance."""
     assert FRONTEND_PODS_DELETED, "neither deleted pod held a frontend replica (were both on the head?)"
+
+
+def test_frontend_replicas_are_on_different_pods(node: Node) -> None:
+    """Serve's max_replicas_per_node (frontend.maxReplicasPerNode: 1), after both pods were replaced: one pod
+    never holds the whole frontend."""
+    pods = frontend_pods(node)
+    assert len(pods) == 2 and len(set(pods)) == 2, f"the two frontend replicas are on pods {pods}"

@@ -9,7 +9,6 @@ the suite's timings table."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -21,13 +20,6 @@ from .test_recovery import CLIENT_TIMEOUT_S
 ORDER = 1.5  # after the pod deletions, before the secure-values release replaces this one
 
 # run in the head pod: the actor ids of Serve's live replicas (an in-place update keeps them all)
-SERVE_REPLICAS = """
-import json, ray
-from ray.util.state import list_actors
-ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
-actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
-print(json.dumps(sorted([a.class_name, a.actor_id] for a in actors if a.class_name.startswith("ServeReplica:"))))
-"""
 NEW_MIN_TOKENS = 64
 UPGRADE_TIMEOUT_S = 900
 
@@ -88,17 +80,11 @@ def served_locally(node: Node) -> bool:
     return False
 
 
-def serve_replicas(node: Node) -> list[list[str]]:
-    head = node.ray_pods()["head"][0]["metadata"]["name"]
-    out = node.kubectl("exec", "-n", node.namespace, head, "-c", "ray-head", "--", "python", "-c", SERVE_REPLICAS,
-                       timeout=120)
-    return json.loads(out.strip().splitlines()[-1])
-
 
 def test_a_live_value_upgrade_restarts_nothing_and_fails_no_request(node: Node) -> None:
     clusters = sorted(c["metadata"]["name"] for c in node.get("raycluster", "-n", node.namespace)["items"])
     pods = {g: sorted(p["metadata"]["uid"] for p in ps) for g, ps in node.ray_pods().items()}
-    replicas = serve_replicas(node)
+    replicas = node.serve_replicas()
     assert replicas, "no Serve replica actors found in the head pod's view of the cluster"
     assert not served_locally(node), "a request was served on the local path before the upgrade (threshold 0)"
 
@@ -124,6 +110,6 @@ def test_a_live_value_upgrade_restarts_nothing_and_fails_no_request(node: Node) 
         "a serve-only upgrade replaced the RayCluster (the chart README promises it in place)"
     assert {g: sorted(p["metadata"]["uid"] for p in ps) for g, ps in node.ray_pods().items()} == pods, \
         "a serve-only upgrade restarted Ray pods"
-    assert serve_replicas(node) == replicas, "a live-value upgrade replaced Serve replicas (engines restarted)"
+    assert node.serve_replicas() == replicas, "a live-value upgrade replaced Serve replicas (engines restarted)"
     assert not not_ok, f"{len(not_ok)} of {len(seen)} requests failed during a live-value upgrade: {not_ok[:10]}"
 

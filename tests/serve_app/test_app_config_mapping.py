@@ -118,6 +118,21 @@ def test_frontend_options() -> None:
                               "runtime_env": {"env_vars": {EDGE_CALLBACK_ENV: EDGE_CALLBACK}}}}
 
 
+def test_frontend_replicas_per_node_reach_serve_only_when_set() -> None:
+    """Serve's `max_replicas_per_node` keeps the frontend replicas on different Ray nodes (the chart sets 1);
+    unset, Serve's best-effort spreading applies (and a cluster's first node can take them all)."""
+    from ray import serve
+
+    from serve_app.llm_configs import frontend_deployment_config
+
+    spread = frontend_deployment_config(parse_app_config(gpu_args(frontend={"replicas": 2, "max_replicas_per_node": 1})))
+    assert spread["max_replicas_per_node"] == 1
+    serve.deployment(lambda: None).options(**spread)  # Serve's own options check accepts what we render
+    assert "max_replicas_per_node" not in frontend_deployment_config(parse_app_config(gpu_args()))
+    with pytest.raises(AppConfigError, match="frontend.max_replicas_per_node"):
+        parse_app_config(gpu_args(frontend={"max_replicas_per_node": 0}))
+
+
 def test_unpinned_roles_have_no_label_selector() -> None:
     configs = llm_configs(parse_app_config(gpu_args(placement={"pin_roles": False})))
     assert all("placement_group_bundle_label_selector" not in c.deployment_config for c in configs.values())

@@ -39,6 +39,32 @@ def _watch(serve: FakeServe, **kwargs: Any) -> RoleWatch:
     return watch
 
 
+def test_a_replica_on_a_draining_node_still_serves() -> None:
+    """A deleted pod's preStop drains its Ray node: Serve keeps routing to its replicas (PENDING_MIGRATION) until
+    it stops them, so the role is up until then (was: 503 `decode_unavailable` ~25 s before decode stopped)."""
+    serve = FakeServe(running=0)
+
+    def status() -> Any:
+        deployment = SimpleNamespace(replica_states={"PENDING_MIGRATION": 1, "STARTING": 1}, status="UPDATING", message="")
+        return SimpleNamespace(applications={"app": SimpleNamespace(deployments={"Decode:m": deployment})})
+
+    async def scenario() -> None:
+        watch = _watch(serve, poll_s=3600)
+        watch._read_status = status
+        await watch.poll()
+        await watch.poll()
+        assert watch.unavailable("decode") is None
+        watch._read_status = lambda: SimpleNamespace(applications={"app": SimpleNamespace(deployments={
+            "Decode:m": SimpleNamespace(replica_states={"STOPPING": 1, "STARTING": 1}, status="UPDATING", message="")})})
+        await watch.poll()
+        await watch.poll()
+        assert watch.unavailable("decode") is not None
+        if watch._task is not None:  # asking started the background loop
+            watch._task.cancel()
+
+    asyncio.run(scenario())
+
+
 def test_the_app_vanishing_after_a_role_was_down_ends_the_wait_after_one_read() -> None:
     """Was: `confirmed_unavailable` read Serve in a loop forever once the app left the status (10,555 reads in
     3 s, every request and /health hung)."""

@@ -10,6 +10,7 @@ stay unset. Then the chart fills what it derives:
   - auth.api_keys_file from auth.apiKeySecret (the Secret mounted on every Ray pod)
   - overflow.api_key_file from overflow.apiKeySecret (likewise)
   - autoscaling.mode off when values hold YAML's false (an unquoted `off`)
+  - frontend.max_replicas_per_node when null: 1 where the Ray pods can hold every frontend replica that way
 and, with autoscaling.mode coupled, the application's `autoscaling_policy` (the coupled policy, its kwargs the
 args' autoscaling section).
 */}}
@@ -58,6 +59,9 @@ args' autoscaling section).
 {{- $overflow := default dict $args.overflow -}}
 {{- $_ := set $overflow "api_key_file" (printf "%s/%s" (include "ray-llm-disagg.overflowKeyDir" .) $V.overflow.apiKeySecret.key) -}}
 {{- $_ := set $args "overflow" $overflow -}}
+{{- end -}}
+{{- with include "ray-llm-disagg.frontendPerNode" . -}}
+{{- $_ := set $args.frontend "max_replicas_per_node" (int .) -}}
 {{- end -}}
 {{- $as := $args.autoscaling -}}
 {{- if and $as (kindIs "bool" $as.mode) -}}{{- $_ := set $as "mode" "off" -}}{{- end -}}

@@ -48,6 +48,32 @@ head {{ include "ray-llm-disagg.roles" . }}
 {{- else -}}1{{- end -}}
 {{- end -}}
 
+{{/* Ray pods that can take a frontend replica (JSON {n, why}): the workers, as many as their autoscaling allows,
+and the head when a replica needs no CPU (the head starts with num-cpus 0). */}}
+{{- define "ray-llm-disagg.frontendHolders" -}}
+{{- $V := .Values -}}
+{{- $zero := eq (float64 $V.frontend.numCpus) 0.0 -}}
+{{- $n := ternary 1 0 $zero -}}
+{{- $why := list -}}
+{{- range $role := splitList " " (include "ray-llm-disagg.roles" .) -}}
+{{- $v := index $V $role -}}
+{{- $pods := mul (ternary (int $v.autoscaling.maxReplicas) (int $v.replicas) (and $v.autoscaling.enabled true)) (int (include "ray-llm-disagg.numOfHosts" (dict "root" $ "role" $role))) -}}
+{{- $n = add $n $pods -}}
+{{- $why = append $why (printf "%s %d" $role $pods) -}}
+{{- end -}}
+{{- $why = append $why (ternary "the head" "not the head: frontend.numCpus > 0" $zero) -}}
+{{- toJson (dict "n" $n "why" (join ", " $why)) -}}
+{{- end -}}
+
+{{/* frontend.max_replicas_per_node for the app's args: the value, or with null 1 where the pods can hold every
+replica that way (else no limit). */}}
+{{- define "ray-llm-disagg.frontendPerNode" -}}
+{{- $fe := .Values.frontend -}}
+{{- if not (kindIs "invalid" $fe.maxReplicasPerNode) -}}{{- int $fe.maxReplicasPerNode -}}
+{{- else if and (not $fe.directStreaming) (le (int $fe.replicas) (int (include "ray-llm-disagg.frontendHolders" . | fromJson).n)) -}}1
+{{- end -}}
+{{- end -}}
+
 {{/* Pods a role runs at its floor ({root, role}): (min)replicas x numOfHosts. */}}
 {{- define "ray-llm-disagg.podsFloor" -}}
 {{- $v := index .root.Values .role -}}

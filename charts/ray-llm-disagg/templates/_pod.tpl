@@ -37,6 +37,11 @@ Returns the PodTemplateSpec as YAML.
 {{- $vols = append $vols (dict "name" "tmp" "emptyDir" dict) -}}
 {{- end -}}
 {{- $_ := set $c "volumeMounts" (concat $mounts (default list $v.extraVolumeMounts)) -}}
+{{- /* a deleted worker pod drains its Ray node first (drainOnDelete; serve_app/pod/drain.py) */ -}}
+{{- if and (not $head) $V.drainOnDelete.enabled -}}
+{{- $deadline := sub (include "ray-llm-disagg.graceSeconds" $ctx | int) 10 -}}
+{{- $_ := set $c "lifecycle" (dict "preStop" (dict "exec" (dict "command" (list "python" "-m" "serve_app.pod.drain" "--deadline-s" (toString $deadline))))) -}}
+{{- end -}}
 
 {{- /* pod */ -}}
 {{- $spec := dict "serviceAccountName" (include "ray-llm-disagg.serviceAccountName" $root) -}}
@@ -231,4 +236,10 @@ in disaggregated mode.
 {{- end -}}
 {{- end -}}
 {{- if $aff -}}{{- toYaml $aff -}}{{- end -}}
+{{- end -}}
+
+{{/* Seconds a group's pods get to stop ({root, group}): terminationGracePeriodSeconds, or Kubernetes' 30. */}}
+{{- define "ray-llm-disagg.graceSeconds" -}}
+{{- $v := index .root.Values .group -}}
+{{- ternary 30 (int $v.terminationGracePeriodSeconds) (kindIs "invalid" $v.terminationGracePeriodSeconds) -}}
 {{- end -}}

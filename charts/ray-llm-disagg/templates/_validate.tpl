@@ -180,6 +180,9 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- if and (lt (float64 $v.gpuFraction) 1.0) (gt (mul $tp $pp) 1) -}}
 {{- $errs = append $errs (printf "%s.gpuFraction: %v shares a GPU between engines, which needs one worker per engine; tensorParallelSize x pipelineParallelSize is %d." $role $v.gpuFraction (mul $tp $pp)) -}}
 {{- end -}}
+{{- if and $V.drainOnDelete.enabled (lt (include "ray-llm-disagg.graceSeconds" (dict "root" $ "group" $role) | int) 20) -}}
+{{- $errs = append $errs (printf "%s.terminationGracePeriodSeconds: %d s is too short for drainOnDelete (its preStop hook gets the grace minus 10 s for `ray stop`); give at least 20, or set drainOnDelete.enabled: false." $role (include "ray-llm-disagg.graceSeconds" (dict "root" $ "group" $role) | int)) -}}
+{{- end -}}
 {{- if and $v.autoscaling.enabled (gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}
 {{- $errs = append $errs (printf "%s.autoscaling.minReplicas: %d is greater than %s.autoscaling.maxReplicas (%d)." $role (int $v.autoscaling.minReplicas) $role (int $v.autoscaling.maxReplicas)) -}}
 {{- end -}}
@@ -229,6 +232,16 @@ checks fail `helm install/upgrade/template` but not `helm lint`/`ct lint` (see t
 {{- with (default dict $V.serve.httpOptions).request_timeout_s -}}
 {{- if lt (float64 .) (float64 $V.timeouts.firstTokenS) -}}
 {{- $errs = append $errs (printf "serve.httpOptions.request_timeout_s: %v s is shorter than timeouts.firstTokenS (%v s): Serve would time out requests the app still waits for. Raise it, or lower timeouts.firstTokenS." . $V.timeouts.firstTokenS) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* frontend.maxReplicasPerNode: the Ray pods that can take a frontend replica must hold frontend.replicas,
+or Serve leaves the rest pending and the app never becomes RUNNING (null derives a value that fits). */ -}}
+{{- $fe := $V.frontend -}}
+{{- if and (not $fe.directStreaming) (not (kindIs "invalid" $fe.maxReplicasPerNode)) -}}
+{{- $holders := include "ray-llm-disagg.frontendHolders" . | fromJson -}}
+{{- if gt (int $fe.replicas) (mul (int $fe.maxReplicasPerNode) (int $holders.n)) -}}
+{{- $errs = append $errs (printf "frontend.maxReplicasPerNode: %d frontend replicas at most %d per Ray pod need %d pods that can take one, but this release has at most %d (%s). Lower frontend.replicas, raise frontend.maxReplicasPerNode (null: 1 where it fits, else no limit), or set frontend.numCpus: 0 so the head can take one." (int $fe.replicas) (int $fe.maxReplicasPerNode) (int (ceil (divf (float64 $fe.replicas) (float64 $fe.maxReplicasPerNode)))) (int $holders.n) $holders.why) -}}
 {{- end -}}
 {{- end -}}
 
