@@ -14,8 +14,9 @@ import httpx
 import openai
 import pytest
 
-from .conftest import ROOT, Node, wait_until
+from .conftest import ROOT, Node, record, wait_until
 
+KV_READY_TIMEOUT_S = 240  # decode's NIXL pre-warm: 30-40 s seen on this node, more under load
 PREFLIGHT = ROOT / "charts" / "ray-llm-disagg" / "files" / "efa_preflight.py"
 spec = importlib.util.spec_from_file_location("efa_preflight", PREFLIGHT)
 efa_preflight = sys.modules.setdefault("efa_preflight", importlib.util.module_from_spec(spec))
@@ -66,25 +67,40 @@ def decode_kv(node: Node) -> efa_preflight.KV:
 
 
 def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: Node) -> None:
-    before = decode_kv(node)
+    """Streamed completions through the serve Service until one moves its KV from prefill to decode. Until decode's
+    NIXL pre-warm (its first hand-off with prefill) is done, decode prefills requests itself (failover reason
+    `kv_handshake_pending`; 30-40 s on this loaded node after the RayService is Ready), so the first ones may not."""
     client = openai.OpenAI(base_url=node.base_url, api_key=node.api_key, timeout=120)
     t0 = time.monotonic()
-    stream = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Count: " + " ".join(str(i) for i in range(200))}],
-        max_tokens=16, stream=True, stream_options={"include_usage": True})
-    chunks = list(stream)
-    took = time.monotonic() - t0
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    usage = next(c.usage for c in chunks if c.usage)
-    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2, chunks[:3]
-    assert usage.completion_tokens > 0 and usage.prompt_tokens > 200, usage
-    print(f"streamed {usage.completion_tokens} tokens in {took:.1f}s: {text!r}")
+    sent = 0
+    while True:
+        before = decode_kv(node)
+        started = time.monotonic()
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Count: " + " ".join(str(i) for i in range(200))}],
+            max_tokens=16, stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        sent += 1
+        took = time.monotonic() - started
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        usage = next(c.usage for c in chunks if c.usage)
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2, chunks[:3]
+        assert usage.completion_tokens > 0 and usage.prompt_tokens > 200, usage
+        print(f"streamed {usage.completion_tokens} tokens in {took:.1f}s: {text!r}")
 
-    def moved():
-        after = decode_kv(node)
-        return after if (after.bytes - before.bytes > 0 or after.external_tokens - before.external_tokens > 0) else None
+        def moved(before=before):
+            after = decode_kv(node)
+            return after if (after.bytes - before.bytes > 0 or after.external_tokens - before.external_tokens > 0) else None
 
-    after = wait_until(moved, 30, "decode's NIXL/external-KV counters to rise (metrics export every few seconds)")
+        try:
+            after = wait_until(moved, 15, "decode's NIXL/external-KV counters to rise (metrics export every few seconds)")
+            break
+        except AssertionError:
+            assert time.monotonic() - t0 < KV_READY_TIMEOUT_S, (
+                f"{sent} streamed requests in {time.monotonic() - t0:.0f}s and decode's KV counters never rose: "
+                "no KV moved from prefill (decode's replica log names why: `prefill failover ... <reason>`)")
+    record("KV moved prefill -> decode after (first streamed request to the first transfer)", time.monotonic() - t0)
+    record("  streamed requests until then", float(sent))
     assert after.failed == before.failed, "a NIXL transfer failed"
 
 
