@@ -83,6 +83,35 @@ def local_state(before: set[int], proc: Path = PROC) -> Local:
     return Local(replicas=replicas, old_proxies=tuple(sorted(before & haproxy_pids(procs))))
 
 
+def _addr(hex_addr: str) -> str:
+    """`0100000A:1F40` (/proc/net/tcp, little-endian IPv4) -> `10.0.0.1:8000`; IPv6 left as hex."""
+    host, port = hex_addr.split(":")
+    if len(host) == 8:
+        host = ".".join(str(b) for b in reversed(bytes.fromhex(host)))
+    return f"{host}:{int(port, 16)}"
+
+
+def tcp_connections(pid: int, proc: Path = PROC) -> list[str]:
+    """The established TCP connections of process `pid` (`local -> peer`), read from its /proc fd table and its
+    network namespace's /proc/<pid>/net/tcp{,6}: what keeps an old HAProxy process from finishing its soft stop."""
+    try:
+        inodes = {os.readlink(f)[len("socket:["):-1] for f in (proc / str(pid) / "fd").iterdir()
+                  if os.readlink(f).startswith("socket:[")}
+    except OSError:
+        return []
+    out = []
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (proc / str(pid) / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "01" and f[9] in inodes:  # 01: ESTABLISHED
+                out.append(f"{_addr(f[1])} -> {_addr(f[2])}")
+    return sorted(out)
+
+
 def this_node(gcs: Gcs, ip: str, raylet_socket_exists: Callable[[str], bool] = os.path.exists) -> tuple[str, bool]:
     """(node id hex, is head) of the alive Ray node at this pod's IP (the address `ray start` chose here) whose
     raylet socket is in this container. The IP tells the pods apart (the socket path is the same in each pod:
@@ -110,6 +139,7 @@ def drain(
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = 1.0,
     raylet_socket_exists: Callable[[str], bool] = os.path.exists,
+    connections: Callable[[int], list[str]] = tcp_connections,
 ) -> Local | None:
     """Steps 1 and 2. Returns what was still running when it stopped waiting (None: nothing was drained)."""
     end = clock() + deadline_s
@@ -143,6 +173,10 @@ def drain(
     else:
         log(f"deadline reached with {len(now.replicas)} Serve replica(s) {list(now.replicas)} and "
             f"{len(now.old_proxies)} old HAProxy process(es) still running here: their requests end with the pod")
+        for pid in now.old_proxies:  # what kept it: its open connections (client -> :8000, or to a replica)
+            held = connections(pid)
+            log(f"old HAProxy pid {pid} holds {len(held)} established TCP connection(s): "
+                f"{', '.join(held[:10]) or 'none'}{' ...' if len(held) > 10 else ''}")
     return now
 
 

@@ -30,7 +30,7 @@ from devstack.serve_config import MODEL_ID
 from devstack.stack import LocalStack
 from serve_app.autoscaling.ray_policy import LOG_PREFIX
 from tests.chart.monitoring_queries import parse_promql, recorded_names, shipped_queries
-from tests.monitoring.monitoring_live import Scrape, scrape_all
+from tests.monitoring.monitoring_live import Scrape, scrape_all, scrape_node
 from tests.monitoring.test_metric_names import COUPLED_ONLY, PROMETHEUS_MADE, Exported, check
 
 from .conftest import API_KEY, APP, DOWNSCALE_DELAY_S
@@ -132,10 +132,43 @@ def targets(records: list[dict], role: str) -> list[int]:
     return [r["roles"][role]["to"] for r in records]
 
 
+def remote_prefills(stack: LocalStack) -> float:
+    """Requests decode took with a remote prefill (its `ray_rld_requests_total{path="remote"}`)."""
+    return sum(s.value for s in scrape_node(stack, "decode")
+               if s.name == "ray_rld_requests_total" and s.label("path") == "remote")
+
+
+def failovers(stack: LocalStack) -> list[str]:
+    """Decode's `prefill failover` log lines (serve_app/engine/failover.py): requests whose prefill decode ran
+    itself (or answered 503), with the reason."""
+    return [line for path in sorted((stack.log_dir / "serve").glob("replica_*Decode*.log"))
+            for line in Path(path).read_text(errors="replace").splitlines() if "prefill failover" in line]
+
+
+def wait_remote_prefill(stack: LocalStack, timeout_s: float = 300) -> float:
+    """Until decode's NIXL pre-warm (its first KV hand-off with prefill) is done, decode prefills every request
+    itself (failover reason `kv_handshake_pending`): a prefill-heavy phase started before that loads decode's
+    engine, not prefill's. One long prompt at a time until one is prefilled remotely."""
+    t0 = time.monotonic()
+    before = remote_prefills(stack)
+    with httpx.Client(base_url=stack.base_url(APP), headers={"Authorization": f"Bearer {API_KEY}"},
+                      timeout=300) as client:
+        while time.monotonic() - t0 < timeout_s:
+            r = client.post("/completions", json=prefill_heavy())
+            assert r.status_code == 200, r.text[:300]
+            for _ in range(8):  # Ray's agent exports every 2 s here (devstack.cluster.METRICS_REPORT_INTERVAL_MS)
+                if remote_prefills(stack) > before:
+                    return time.monotonic() - t0
+                time.sleep(1)
+    pytest.fail(f"no request was prefilled remotely within {timeout_s:.0f} s; decode's failovers:\n"
+                + "\n".join(failovers(stack)[-10:]))
+
+
 def test_each_role_scales_on_its_own_pressure_and_both_come_back(stack: LocalStack) -> None:
     assert (running("prefill"), running("decode")) == (1, 1)
     failures: list[str] = []
     timeline: list[str] = []
+    timeline.append(f"remote prefill on after {wait_remote_prefill(stack):.0f} s")
 
     # 1. prefill-heavy: prefill goes to 2 replicas (and they run); decode is never asked to scale
     n0 = len(decisions(stack))
@@ -147,7 +180,8 @@ def test_each_role_scales_on_its_own_pressure_and_both_come_back(stack: LocalSta
     phase_a = decisions(stack)[n0:]
     assert max(targets(phase_a, "prefill")) == 2
     assert set(targets(phase_a, "decode")) == {1}, "decode scaled under prefill-heavy load:\n" + "\n".join(
-        d["line"] for d in phase_a if d["roles"]["decode"]["to"] != 1)
+        d["line"] for d in phase_a if d["roles"]["decode"]["to"] != 1) + "\ndecode's prefill failovers so far:\n" + (
+        "\n".join(failovers(stack)[-20:]) or "none")
     assert any("waiting_per_replica" in d["line"] and d["roles"]["prefill"]["to"] == 2 for d in phase_a)
 
     # 2. decode-heavy: decode goes to 2; prefill, idle now, is never raised (it comes back down instead)

@@ -3,6 +3,7 @@ never blocking the deletion) with a fake GCS, a fake /proc and an injected clock
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ NODES = {"aa" * 28: Info(HERE, node_manager_address="10.0.0.3"), "bb" * 28: Info
          "cc" * 28: Info(HERE, True, node_manager_address="10.0.0.1"), "dd" * 28: Info("/elsewhere", node_manager_address="10.0.0.2")}
 
 
-def run(gcs, states, deadline_s=50.0, proxies=frozenset({7})):
+def run(gcs, states, deadline_s=50.0, proxies=frozenset({7}), connections=lambda pid: []):
     clock, lines = Clock(), []
     seq = iter(states)
     last = [None]
@@ -69,7 +70,8 @@ def run(gcs, states, deadline_s=50.0, proxies=frozenset({7})):
         return last[0]
 
     out = d.drain(gcs, deadline_s, reason=3, ip=ip[0], state=state, proxies_now=lambda: set(proxies), log=lines.append,
-                  clock=clock, wall_ms=lambda: 1_000_000, sleep=clock.sleep, raylet_socket_exists=lambda p: p == HERE)
+                  clock=clock, wall_ms=lambda: 1_000_000, sleep=clock.sleep, raylet_socket_exists=lambda p: p == HERE,
+                  connections=connections)
     return out, lines, clock.t
 
 
@@ -151,3 +153,29 @@ def test_main_never_fails_the_hook(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "no-such-address")
     assert d.main(["--deadline-s", "1", "--no-stop"]) == 0
     assert any("stopping without" in line for line in lines)
+
+
+def test_at_the_deadline_it_names_what_each_old_haproxy_still_holds():
+    lingering = d.Local(replicas=(), old_proxies=(7,))
+    out, lines, waited = run(FakeGcs(NODES), [lingering], deadline_s=10,
+                             connections=lambda pid: ["10.244.0.9:8000 -> 10.244.0.1:51234"] if pid == 7 else [])
+    assert out == lingering and waited == pytest.approx(10.0)
+    assert "deadline reached with 0 Serve replica(s) [] and 1 old HAProxy" in lines[-2]
+    assert lines[-1] == "old HAProxy pid 7 holds 1 established TCP connection(s): 10.244.0.9:8000 -> 10.244.0.1:51234"
+
+
+def test_tcp_connections_reads_the_process_sockets_from_proc(tmp_path: Path):
+    (tmp_path / "7" / "fd").mkdir(parents=True)
+    (tmp_path / "7" / "net").mkdir()
+    os.symlink("socket:[111]", tmp_path / "7" / "fd" / "3")
+    os.symlink("socket:[222]", tmp_path / "7" / "fd" / "4")
+    os.symlink("/dev/null", tmp_path / "7" / "fd" / "0")
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (tmp_path / "7" / "net" / "tcp").write_text(
+        header
+        + "   0: 0900F40A:1F40 0100F40A:C852 01 00000000:00000000 00:00000000 00000000  1000        0 111 1\n"
+        + "   1: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 222 1\n"
+        + "   2: 0900F40A:1F40 0200F40A:C853 01 00000000:00000000 00:00000000 00000000  1000        0 999 1\n")
+    # 111: established, ours; 222: ours but listening; 999: established, another process's
+    assert d.tcp_connections(7, tmp_path) == ["10.244.0.9:8000 -> 10.244.0.1:51282"]
+    assert d.tcp_connections(8, tmp_path) == []  # exited: nothing, never an error
