@@ -2,7 +2,7 @@
 # bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
 #
 #   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
-#                      [--piece-mib 62] [--with-locust] [--with-py-spy] [--xz-level 6]
+#                      [--piece-mib 62] [--with-locust] [--with-py-spy] [--with-torch] [--xz-level 6]
 #
 # The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
 # nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
@@ -13,14 +13,17 @@
 # Serve and vLLM import only when asked to) to keep it small. --no-nixl leaves NIXL out too: enough for the
 # aggregated mode and direct vLLM (one GPU), about 20 MB less. --with-locust adds Locust and its dependencies,
 # which the rate ladder (python -m bench.gpu.pd) drives; --with-py-spy adds py-spy
-# (its --profile-step samples the serving processes with it). Written as tar.xz in the fewest equal pieces of at
+# (its --profile-step samples the serving processes with it). --with-torch adds torch at TORCH_VERSION (versions.env)
+# with the triton its wheel pins and the torchvision the vLLM wheel pins: for a GPU machine whose own torch is
+# another version (the lent H200 image had torch 2.11 on 2026-12-05, vLLM 0.29 needs 2.13; vLLM's compiled ops
+# do not load against another torch). The machine's CUDA libraries (nvidia-* wheels) are used as they are. Written as tar.xz in the fewest equal pieces of at
 # most --piece-mib, one per folder <out>/c1, c2, ..., so each fits one transfer (62 MiB leaves room for a 64 MiB
 # transfer's other files); bench/gpu/run.sh --collect gathers pieces delivered separately.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62 locust=no pyspy=no level=6
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62 locust=no pyspy=no torch=no level=6
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
     --piece-mib) piece_mib=$2; shift 2 ;;
     --with-locust) locust=yes; shift ;;
     --with-py-spy) pyspy=yes; shift ;;
+    --with-torch) torch=yes; shift ;;
     --xz-level) level=$2; shift 2 ;;  # 1: several times faster on a busy machine, a little larger
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -44,6 +48,14 @@ wheels=("vllm==$VLLM_VERSION" "ray==$RAY_VERSION")
 [ "$nixl" = no ] || wheels+=("nixl==$NIXL_VERSION" "nixl-cu13==$NIXL_VERSION")
 log "downloading ${wheels[*]} for CPython $pyver"
 "$PY" -m pip download -q "${plat[@]}" -d "$S/dl" "${wheels[@]}"
+if [ "$torch" = yes ]; then
+  # The pins come from the wheels' own metadata: torch's triton, vLLM's torchvision.
+  "$PY" -m pip download -q "${plat[@]}" -d "$S/dl" "torch==$TORCH_VERSION"
+  pin() { unzip -p "$1" '*.dist-info/METADATA' | sed -n "s/^Requires-Dist: \($2==[^ ;]*\).*/\1/p" | head -1; }
+  extra=("$(pin "$S"/dl/torch-*.whl triton)" "$(pin "$S"/dl/vllm-*.whl torchvision)")
+  log "downloading torch==$TORCH_VERSION's companions: ${extra[*]}"
+  "$PY" -m pip download -q "${plat[@]}" -d "$S/dl" "${extra[@]}"
+fi
 # Pure-Python and small compiled dependencies: what the project venv runs with, minus the GPU machine's own
 # packages and minus what only the CPU stack, the tests or Kubernetes tooling need.
 "$PY" -m pip list --format=freeze > "$S/venv.txt"
