@@ -2,7 +2,7 @@
 # bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
 #
 #   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
-#                      [--piece-mib 62] [--with-locust] [--with-py-spy] [--with-torch] [--xz-level 6]
+#                      [--piece-mib 52] [--with-locust] [--with-py-spy] [--with-torch] [--xz-level 6]
 #
 # The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
 # nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
@@ -14,16 +14,18 @@
 # aggregated mode and direct vLLM (one GPU), about 20 MB less. --with-locust adds Locust and its dependencies,
 # which the rate ladder (python -m bench.gpu.pd) drives; --with-py-spy adds py-spy
 # (its --profile-step samples the serving processes with it). --with-torch adds torch at TORCH_VERSION (versions.env)
-# with the triton its wheel pins and the torchvision the vLLM wheel pins: for a GPU machine whose own torch is
+# with the triton and NCCL its wheel pins and the torchvision the vLLM wheel pins: for a GPU machine whose own torch is
 # another version (the lent H200 image had torch 2.11 on 2026-12-05, vLLM 0.29 needs 2.13; vLLM's compiled ops
-# do not load against another torch). The machine's CUDA libraries (nvidia-* wheels) are used as they are. Written as tar.xz in the fewest equal pieces of at
-# most --piece-mib, one per folder <out>/c1, c2, ..., so each fits one transfer (62 MiB leaves room for a 64 MiB
-# transfer's other files); bench/gpu/run.sh --collect gathers pieces delivered separately.
+# do not load against another torch; torch 2.13 fails to load against the image's NCCL 2.28: undefined symbol
+# ncclCommResume). The machine's other CUDA libraries (nvidia-* wheels) are used as they are.
+# Written as tar.xz in the fewest equal pieces of at most --piece-mib, one per folder <out>/c1, c2, ..., so each
+# fits one transfer with the repository's tracked files (a 64 MiB limit per call; the tree is ~8 MB, so 52 MiB);
+# bench/gpu/run.sh --collect gathers pieces delivered separately.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=62 locust=no pyspy=no torch=no level=6
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=52 locust=no pyspy=no torch=no level=6
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
@@ -49,10 +51,11 @@ wheels=("vllm==$VLLM_VERSION" "ray==$RAY_VERSION")
 log "downloading ${wheels[*]} for CPython $pyver"
 "$PY" -m pip download -q "${plat[@]}" -d "$S/dl" "${wheels[@]}"
 if [ "$torch" = yes ]; then
-  # The pins come from the wheels' own metadata: torch's triton, vLLM's torchvision.
+  # The pins come from the wheels' own metadata: torch's triton and NCCL, vLLM's torchvision.
   "$PY" -m pip download -q "${plat[@]}" -d "$S/dl" "torch==$TORCH_VERSION"
   pin() { unzip -p "$1" '*.dist-info/METADATA' | sed -n "s/^Requires-Dist: \($2==[^ ;]*\).*/\1/p" | head -1; }
-  extra=("$(pin "$S"/dl/torch-*.whl triton)" "$(pin "$S"/dl/vllm-*.whl torchvision)")
+  extra=("$(pin "$S"/dl/torch-*.whl triton)" "$(pin "$S"/dl/torch-*.whl nvidia-nccl-cu13)"
+         "$(pin "$S"/dl/vllm-*.whl torchvision)")
   log "downloading torch==$TORCH_VERSION's companions: ${extra[*]}"
   "$PY" -m pip download -q "${plat[@]}" -d "$S/dl" "${extra[@]}"
 fi
