@@ -157,6 +157,17 @@ class KVTransferSpec(StrictModel):
         description="Each decode replica sends one tiny request through every prefill replica at start-up, "
         "so the NIXL handshake (100+ ms) does not land on a user's first request.",
     )
+    prewarm_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description="Longest a decode replica waits for its pre-warm: until then it prefills every request "
+        "itself (failover reason kv_handshake_pending). A pre-warm that has not finished by then (a prefill "
+        "replica that never answered it, or a KV pull that never completed) is cancelled with a warning and "
+        "requests go to prefill again, each bounded by failover.kvTransferTimeoutS; without it one stuck "
+        "pre-warm turned disaggregation off for that replica's life. Ray's own pre-warm waits up to 300 s for "
+        "prefill to come up.",
+    )
     tokenize_once: bool = Field(
         default=True,
         description="Decode reuses the prompt token ids prefill returns instead of rendering and "

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from ray.serve.handle import DeploymentHandle
@@ -36,7 +37,12 @@ from serve_app.telemetry import hops
 from serve_app.engine.batching import StreamBatcher, StreamLoad, stamp_first
 from serve_app.telemetry.hops import HopClock
 from serve_app.telemetry.logs import keep_replica_log
-from serve_app.llm_configs import FIRST_CHUNK_IMMEDIATELY, STREAM_MAX_INTERVAL_MS, STREAM_MAX_MESSAGES_PER_S
+from serve_app.llm_configs import (
+    FIRST_CHUNK_IMMEDIATELY,
+    PREWARM_TIMEOUT_S,
+    STREAM_MAX_INTERVAL_MS,
+    STREAM_MAX_MESSAGES_PER_S,
+)
 from serve_app.config import FailoverSpec, parse_live
 from serve_app.engine.direct import DirectIngressMixin
 from serve_app.engine.failover import PrefillFailover
@@ -266,11 +272,8 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         self._prewarm_task = asyncio.get_running_loop().create_task(self._prewarm_in_background())
 
     async def _prewarm_in_background(self) -> None:
-        try:
-            await super()._maybe_prewarm()
-        except Exception as exc:  # noqa: BLE001 - a failed pre-warm only means a slower first request
-            logger.warning("NIXL pre-warm did not complete (%s: %s); the first request through each prefill "
-                           "replica will do the handshake instead", type(exc).__name__, exc)
+        timeout_s = float(self._llm_config.experimental_configs.get(PREWARM_TIMEOUT_S, 300.0))
+        await bounded_prewarm(super()._maybe_prewarm(), timeout_s)
 
     def _get_connector_backend(self):
         if self._handoff_backend is None:
@@ -364,3 +367,48 @@ class DirectMeteredServer(DirectIngressMixin, MeteredServer):
 class DirectSelectiveDecodeServer(DirectIngressMixin, SelectiveDecodeServer):
     """Disaggregated decode with `frontend.direct_streaming`: the decode replica serves HTTP itself (our
     app, not Ray's P/D routes: the same remote/local prefill decision and failover as behind a frontend)."""
+
+
+PREWARM_NOTE_EVERY_S = 60.0
+
+
+async def bounded_prewarm(prewarm: Any, timeout_s: float, note_every_s: float = PREWARM_NOTE_EVERY_S,
+                          clock: Callable[[], float] = time.monotonic) -> bool:
+    """Run Ray's NIXL pre-warm (a coroutine) for at most `timeout_s`; True when it finished.
+
+    While it runs, decode prefills every request itself (kv_handshake_pending), so a pre-warm that never ends
+    would turn disaggregation off for the replica's life, silently: on the real node one did not finish in 8
+    minutes (2026-12-05, a fresh-clone CI pass). So it is said at WARNING every `note_every_s` (Serve buffers a
+    replica's INFO lines; WARNING reaches the log at once), and at `timeout_s` it is cancelled (vLLM aborts the
+    pre-warm's decode request) and requests go to prefill again, each KV pull bounded by the failover's
+    kv_transfer_timeout_s."""
+    started = clock()
+    task = asyncio.ensure_future(prewarm)
+    try:
+        while True:
+            left = timeout_s - (clock() - started)
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(note_every_s, left)))
+            waited = clock() - started
+            if done:
+                exc = task.exception()
+                if exc is not None:
+                    logger.warning("NIXL pre-warm did not complete after %.0f s (%s: %s); requests go to prefill "
+                                   "now and the first one through each prefill replica does the handshake",
+                                   waited, type(exc).__name__, exc)
+                    return False
+                logger.info("NIXL pre-warm done in %.1f s: requests are prefilled remotely from now on", waited)
+                return True
+            if waited >= timeout_s:
+                logger.warning(
+                    "NIXL pre-warm not done after %.0f s (kv_transfer.prewarm_timeout_s): cancelled; requests go to "
+                    "prefill again from now on, each KV pull bounded by failover.kv_transfer_timeout_s. If pulls "
+                    "then time out (failover reason kv_timeout), check prefill's engine log and that the NIXL "
+                    "side-channel port is open between the prefill and decode pods.", waited)
+                return False
+            logger.warning("NIXL pre-warm still running after %.0f s: this decode replica prefills every request "
+                           "itself until it is done (failover reason kv_handshake_pending; gives up at %.0f s)",
+                           waited, timeout_s)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})

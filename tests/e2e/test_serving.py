@@ -66,6 +66,15 @@ def decode_kv(node: Node) -> efa_preflight.KV:
         return efa_preflight.KV.from_metrics(r.read().decode())
 
 
+def decode_log(node: Node, *needles: str) -> list[str]:
+    """Lines of the decode pod's Serve replica logs that hold any of `needles` (WARNING lines reach the file at
+    once; Serve's high-throughput mode buffers INFO lines)."""
+    pod = node.ray_pods()["decode"][0]["metadata"]["name"]
+    text = node.kubectl("exec", "-n", node.namespace, pod, "--", "bash", "-c",
+                        "cat /tmp/ray/session_latest/logs/serve/replica_*.log", check=False)
+    return [line[:400] for line in text.splitlines() if any(n in line for n in needles)]
+
+
 def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: Node) -> None:
     """Streamed completions through the serve Service until one moves its KV from prefill to decode. Until decode's
     NIXL pre-warm (its first hand-off with prefill) is done, decode prefills requests itself (failover reason
@@ -98,7 +107,8 @@ def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: N
         except AssertionError:
             assert time.monotonic() - t0 < KV_READY_TIMEOUT_S, (
                 f"{sent} streamed requests in {time.monotonic() - t0:.0f}s and decode's KV counters never rose: "
-                "no KV moved from prefill (decode's replica log names why: `prefill failover ... <reason>`)")
+                "no KV moved from prefill; decode's replica log (pre-warm and `prefill failover ... <reason>` "
+                "lines, last 12):\n" + "\n".join(decode_log(node, "pre-warm", "prefill failover")[-12:]))
     record("KV moved prefill -> decode after (first streamed request to the first transfer)", time.monotonic() - t0)
     record("  streamed requests until then", float(sent))
     assert after.failed == before.failed, "a NIXL transfer failed"
