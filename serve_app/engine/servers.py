@@ -272,8 +272,10 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         self._prewarm_task = asyncio.get_running_loop().create_task(self._prewarm_in_background())
 
     async def _prewarm_in_background(self) -> None:
-        timeout_s = float(self._llm_config.experimental_configs.get(PREWARM_TIMEOUT_S, 300.0))
-        await bounded_prewarm(super()._maybe_prewarm(), timeout_s)
+        configs = self._llm_config.experimental_configs
+        if not configs.get("_prewarm_prefill_decode"):
+            return  # kv_transfer.prewarm off: Ray's pre-warm does nothing, nothing to bound or report
+        await bounded_prewarm(super()._maybe_prewarm(), float(configs.get(PREWARM_TIMEOUT_S, 300.0)))
 
     def _get_connector_backend(self):
         if self._handoff_backend is None:
