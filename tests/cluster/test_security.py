@@ -103,8 +103,20 @@ def test_pdbs_are_computable_and_honoured_by_eviction(installed, kube, kube_clus
         except ApiException as e:
             return e.status
 
+    def ready_replacements() -> list[str]:
+        return [p.metadata.name for p in group_pods(kube, rel.namespace, name).get("prefill", [])
+                if p.metadata.name not in prefill and p.metadata.deletion_timestamp is None
+                and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
+
     assert evict(prefill[0]) == 201
-    assert evict(prefill[1]) == 429, "the PDB must stop a second prefill eviction while the first pod is gone"
+    # KubeRay recreates the evicted pod and KWOK makes it Ready within about a second; once it is, two pods are
+    # healthy again and the PDB rightly allows the next eviction (seen once in a CI pass, 2026-12-05). Refused
+    # is required only while no replacement was Ready before the call.
+    replaced = ready_replacements()
+    second = evict(prefill[1])
+    assert second == 429 or (second == 201 and replaced), (
+        f"the PDB must stop a second prefill eviction while the first pod is gone (got {second}; "
+        f"Ready replacements before the call: {replaced})")
 
 
 def test_ray_token_auth_reaches_every_ray_container(installed, kube, kube_cluster):
