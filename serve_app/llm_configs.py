@@ -102,6 +102,7 @@ def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:
 FIRST_CHUNK_IMMEDIATELY = "rld_first_chunk_immediately"
 STREAM_MAX_MESSAGES_PER_S = "rld_stream_max_messages_per_s"
 STREAM_MAX_INTERVAL_MS = "rld_stream_max_batch_interval_ms"
+PREWARM = "_prewarm_prefill_decode"  # Ray's own key
 PREWARM_TIMEOUT_S = "rld_prewarm_timeout_s"
 
 
@@ -114,7 +115,7 @@ def experimental_configs(app: AppConfig, role: str, spec: RoleSpec) -> dict[str,
         STREAM_MAX_INTERVAL_MS: app.streaming.max_batch_interval_ms,
     }
     if _moves_kv(app) and role == "decode":
-        configs["_prewarm_prefill_decode"] = app.kv_transfer.prewarm
+        configs[PREWARM] = app.kv_transfer.prewarm
         configs[PREWARM_TIMEOUT_S] = app.kv_transfer.prewarm_timeout_s
         configs["pd_tokenize_once"] = app.kv_transfer.tokenize_once
     if spec.side_channel_port is not None and _moves_kv(app) and app.kv_transfer.connector == "NixlConnector":

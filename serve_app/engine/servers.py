@@ -39,11 +39,12 @@ from serve_app.telemetry.hops import HopClock
 from serve_app.telemetry.logs import keep_replica_log
 from serve_app.llm_configs import (
     FIRST_CHUNK_IMMEDIATELY,
+    PREWARM,
     PREWARM_TIMEOUT_S,
     STREAM_MAX_INTERVAL_MS,
     STREAM_MAX_MESSAGES_PER_S,
 )
-from serve_app.config import FailoverSpec, parse_live
+from serve_app.config import FailoverSpec, KVTransferSpec, parse_live
 from serve_app.engine.direct import DirectIngressMixin
 from serve_app.engine.failover import PrefillFailover
 from serve_app.frontend.containment import EngineDeadBeforeDispatch
@@ -273,9 +274,10 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
 
     async def _prewarm_in_background(self) -> None:
         configs = self._llm_config.experimental_configs
-        if not configs.get("_prewarm_prefill_decode"):
+        if not configs.get(PREWARM):
             return  # kv_transfer.prewarm off: Ray's pre-warm does nothing, nothing to bound or report
-        await bounded_prewarm(super()._maybe_prewarm(), float(configs.get(PREWARM_TIMEOUT_S, 300.0)))
+        default = KVTransferSpec.model_fields["prewarm_timeout_s"].default
+        await bounded_prewarm(super()._maybe_prewarm(), float(configs.get(PREWARM_TIMEOUT_S, default)))
 
     def _get_connector_backend(self):
         if self._handoff_backend is None:
@@ -374,8 +376,7 @@ class DirectSelectiveDecodeServer(DirectIngressMixin, SelectiveDecodeServer):
 PREWARM_NOTE_EVERY_S = 60.0
 
 
-async def bounded_prewarm(prewarm: Any, timeout_s: float, note_every_s: float = PREWARM_NOTE_EVERY_S,
-                          clock: Callable[[], float] = time.monotonic) -> bool:
+async def bounded_prewarm(prewarm: Any, timeout_s: float, note_every_s: float = PREWARM_NOTE_EVERY_S) -> bool:
     """Run Ray's NIXL pre-warm (a coroutine) for at most `timeout_s`; True when it finished.
 
     While it runs, decode prefills every request itself (kv_handshake_pending), so a pre-warm that never ends
@@ -384,13 +385,13 @@ async def bounded_prewarm(prewarm: Any, timeout_s: float, note_every_s: float = 
     replica's INFO lines; WARNING reaches the log at once), and at `timeout_s` it is cancelled (vLLM aborts the
     pre-warm's decode request) and requests go to prefill again, each KV pull bounded by the failover's
     kv_transfer_timeout_s."""
-    started = clock()
+    started = time.monotonic()
     task = asyncio.ensure_future(prewarm)
     try:
         while True:
-            left = timeout_s - (clock() - started)
+            left = timeout_s - (time.monotonic() - started)
             done, _ = await asyncio.wait({task}, timeout=max(0.0, min(note_every_s, left)))
-            waited = clock() - started
+            waited = time.monotonic() - started
             if done:
                 exc = task.exception()
                 if exc is not None:

@@ -361,8 +361,7 @@ def test_cpu_tiny_has_no_gpus_and_no_efa():
     assert r.args["accelerator"] == "cpu"
     assert r.args["kv_transfer"] == {"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cpu",
                                      "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "prewarm_timeout_s": 300,
-                                   "tokenize_once": True,
-                                   "load_failure_policy": "recompute"}
+                                     "tokenize_once": True, "load_failure_policy": "recompute"}
     for g in r.groups.values():
         assert not g["template"]["spec"].get("tolerations")
         limits = container(g["template"])["resources"]["limits"]

@@ -174,9 +174,7 @@ def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role
     if role == "prefill":
         # what an operator reads at 3 a.m.: decode's replica log names each request it prefilled itself (Serve's
         # high-throughput mode buffers replica logs; our warnings must not wait in that buffer)
-        decode = node.ray_pods()["decode"][0]["metadata"]["name"]
-        logs = node.kubectl("exec", "-n", node.namespace, decode, "--", "bash", "-c",
-                            "cat /tmp/ray/session_latest/logs/serve/replica_*.log")
+        logs = node.replica_logs("decode")
         assert "prefill failover request_id=" in logs and "path=fallback" in logs, (
             "decode answered while prefill was gone, but its replica log has no `prefill failover ... path=fallback` line")
 

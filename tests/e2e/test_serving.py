@@ -70,12 +70,9 @@ def decode_kv(node: Node) -> efa_preflight.KV:
 
 
 def decode_log(node: Node, *needles: str) -> list[str]:
-    """Lines of the decode pod's Serve replica logs that hold any of `needles` (WARNING lines reach the file at
-    once; Serve's high-throughput mode buffers INFO lines)."""
-    pod = node.ray_pods()["decode"][0]["metadata"]["name"]
-    text = node.kubectl("exec", "-n", node.namespace, pod, "--", "bash", "-c",
-                        "cat /tmp/ray/session_latest/logs/serve/replica_*.log", check=False)
-    return [line[:400] for line in text.splitlines() if any(n in line for n in needles)]
+    """Lines of the decode pod's Serve replica logs that hold any of `needles`."""
+    return [line[:400] for line in node.replica_logs("decode", check=False).splitlines()
+            if any(n in line for n in needles)]
 
 
 def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: Node) -> None:
