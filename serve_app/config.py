@@ -158,15 +158,16 @@ class KVTransferSpec(StrictModel):
         "so the NIXL handshake (100+ ms) does not land on a user's first request.",
     )
     prewarm_timeout_s: float = Field(
-        default=300.0,
+        default=120.0,
         gt=0,
         le=3600,
-        description="Longest a decode replica waits for its pre-warm: until then it prefills every request "
-        "itself (failover reason kv_handshake_pending). A pre-warm that has not finished by then (a prefill "
-        "replica that never answered it, or a KV pull that never completed) is cancelled with a warning and "
-        "requests go to prefill again, each bounded by failover.kvTransferTimeoutS; without it one stuck "
-        "pre-warm turned disaggregation off for that replica's life. Ray's own pre-warm waits up to 300 s for "
-        "prefill to come up.",
+        description="Longest one pre-warm attempt may take, counted from when prefill has a serving replica "
+        "(the attempt starts only then). Until a pre-warm finishes, decode prefills every request itself "
+        "(failover reason kv_handshake_pending). An attempt not done by then (a prefill replica that never "
+        "answered it, or a KV pull that never completed) is cancelled with a warning naming the step it was "
+        "stuck in, and tried again, 3 attempts in all; after the last, requests go to prefill anyway, each "
+        "bounded by failover.kvTransferTimeoutS. Without it one stuck pre-warm turned disaggregation off for "
+        "that replica's life.",
     )
     tokenize_once: bool = Field(
         default=True,

@@ -273,11 +273,14 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
         self._prewarm_task = asyncio.get_running_loop().create_task(self._prewarm_in_background())
 
     async def _prewarm_in_background(self) -> None:
+        """Up to PREWARM_ATTEMPTS of Ray's pre-warm, each once prefill has a serving replica and each bounded by
+        kv_transfer.prewarm_timeout_s (bounded_prewarm)."""
         configs = self._llm_config.experimental_configs
         if not configs.get(PREWARM):
             return  # kv_transfer.prewarm off: Ray's pre-warm does nothing, nothing to bound or report
         default = KVTransferSpec.model_fields["prewarm_timeout_s"].default
-        await bounded_prewarm(super()._maybe_prewarm(), float(configs.get(PREWARM_TIMEOUT_S, default)))
+        await prewarm_until_done(super()._maybe_prewarm, lambda: getattr(self, "_failover", None),
+                                 float(configs.get(PREWARM_TIMEOUT_S, default)))
 
     def _get_connector_backend(self):
         if self._handoff_backend is None:
@@ -374,17 +377,76 @@ class DirectSelectiveDecodeServer(DirectIngressMixin, SelectiveDecodeServer):
 
 
 PREWARM_NOTE_EVERY_S = 60.0
+PREWARM_ATTEMPTS = 3
+PREWARM_CANCEL_WAIT_S = 10.0  # a cancelled pre-warm's abort gets this long
 
 
-async def bounded_prewarm(prewarm: Any, timeout_s: float, note_every_s: float = PREWARM_NOTE_EVERY_S) -> bool:
-    """Run Ray's NIXL pre-warm (a coroutine) for at most `timeout_s`; True when it finished.
+async def prewarm_until_done(start: Callable[[], Any], failover: Callable[[], Any], timeout_s: float, *,
+                             attempts: int = PREWARM_ATTEMPTS, note_every_s: float = PREWARM_NOTE_EVERY_S,
+                             poll_s: float = 1.0) -> bool:
+    """Up to `attempts` pre-warms (`start()` makes one: Ray's coroutine), each once prefill has a serving replica
+    (wait_for_prefill) and each bounded by `timeout_s` (bounded_prewarm); True when one finished."""
+    for attempt in range(1, attempts + 1):
+        await wait_for_prefill(failover, note_every_s, poll_s)
+        if await bounded_prewarm(start(), timeout_s, note_every_s, attempt=attempt, attempts=attempts):
+            return True
+    return False
+
+
+async def wait_for_prefill(failover: Callable[[], Any], note_every_s: float = PREWARM_NOTE_EVERY_S,
+                           poll_s: float = 1.0) -> None:
+    """Until the role watch (`failover().roles`, once the replica has one) reads a serving prefill replica. A
+    pre-warm started while prefill's engines were still coming up is what hung on the real node (a first decode
+    replica's, in 2 of 2 fresh-clone CI passes, 2026-12-05); and a pre-warm's deadline should time the hand-off,
+    not prefill's start-up. Unbounded: until then requests are prefilled on decode as before (or refused with
+    prefill_unavailable), and it is said at WARNING every `note_every_s`."""
+    started = noted = time.monotonic()
+    while True:
+        watch = failover()
+        state = watch.roles.state("prefill") if watch is not None else None
+        if state is not None and state.available:
+            return
+        now = time.monotonic()
+        if now - noted >= note_every_s:
+            noted = now
+            logger.warning("NIXL pre-warm waits for a serving prefill replica (%.0f s so far; %s): this decode "
+                           "replica prefills requests itself until then", now - started,
+                           state.describe() if state is not None else "prefill's state not read yet")
+        await asyncio.sleep(poll_s)
+
+
+def prewarm_step(task: asyncio.Future) -> str:
+    """Which step Ray's pre-warm coroutine (`PDDecodeServer._maybe_prewarm`) is waiting in, for the operator:
+    read from its frame's locals (Ray's names; a Ray that names them otherwise gets "step unknown"). Waiting for
+    prefill points at the prefill replicas; pulling the KV points at NIXL between the pods."""
+    coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+    frame = getattr(coro, "cr_frame", None)
+    seen = frame.f_locals if frame is not None else {}
+    if "decode_reqs" in seen:
+        return (f"step: pulling the pre-warm's KV from {len(seen['decode_reqs'])} prefill replica(s) into this "
+                "decode engine over NIXL")
+    if "attempt" in seen:
+        return f"step: waiting for the prefill replicas to prefill the pre-warm request (Ray's try {seen['attempt']})"
+    return "step unknown"
+
+
+async def bounded_prewarm(prewarm: Any, timeout_s: float, note_every_s: float = PREWARM_NOTE_EVERY_S, *,
+                          attempt: int = PREWARM_ATTEMPTS, attempts: int = PREWARM_ATTEMPTS) -> bool:
+    """Run one attempt (`attempt` of `attempts`) of Ray's NIXL pre-warm (a coroutine) for at most `timeout_s`;
+    True when it finished.
 
     While it runs, decode prefills every request itself (kv_handshake_pending), so a pre-warm that never ends
     would turn disaggregation off for the replica's life, silently: on the real node one did not finish in 8
-    minutes (2026-12-05, a fresh-clone CI pass). So it is said at WARNING every `note_every_s` (Serve buffers a
-    replica's INFO lines; WARNING reaches the log at once), and at `timeout_s` it is cancelled (vLLM aborts the
-    pre-warm's decode request) and requests go to prefill again, each KV pull bounded by the failover's
-    kv_transfer_timeout_s."""
+    minutes (2026-12-05, a fresh-clone CI pass). So it is said at WARNING every `note_every_s` with the step it
+    waits in (Serve buffers a replica's INFO lines; WARNING reaches the log at once), and at `timeout_s` it is
+    cancelled (vLLM aborts the pre-warm's decode request). After the last attempt requests go to prefill again,
+    each KV pull bounded by the failover's kv_transfer_timeout_s."""
+    of = f"attempt {attempt} of {attempts}"
+    then = (f"trying again once prefill has a serving replica (attempt {attempt + 1} of {attempts}); requests "
+            "are prefilled on decode meanwhile" if attempt < attempts else
+            "requests go to prefill again from now on, each KV pull bounded by failover.kv_transfer_timeout_s. If "
+            "pulls then time out (failover reason kv_timeout), check prefill's engine log and that the NIXL "
+            "side-channel port is open between the prefill and decode pods")
     started = time.monotonic()
     task = asyncio.ensure_future(prewarm)
     try:
@@ -395,23 +457,21 @@ async def bounded_prewarm(prewarm: Any, timeout_s: float, note_every_s: float = 
             if done:
                 exc = task.exception()
                 if exc is not None:
-                    logger.warning("NIXL pre-warm did not complete after %.0f s (%s: %s); requests go to prefill "
-                                   "now and the first one through each prefill replica does the handshake",
-                                   waited, type(exc).__name__, exc)
+                    logger.warning("NIXL pre-warm (%s) failed after %.0f s (%s: %s); %s",
+                                   of, waited, type(exc).__name__, exc, then)
                     return False
-                logger.info("NIXL pre-warm done in %.1f s: requests are prefilled remotely from now on", waited)
+                logger.info("NIXL pre-warm done in %.1f s (%s): requests are prefilled remotely from now on",
+                            waited, of)
                 return True
             if waited >= timeout_s:
-                logger.warning(
-                    "NIXL pre-warm not done after %.0f s (kv_transfer.prewarm_timeout_s): cancelled; requests go to "
-                    "prefill again from now on, each KV pull bounded by failover.kv_transfer_timeout_s. If pulls "
-                    "then time out (failover reason kv_timeout), check prefill's engine log and that the NIXL "
-                    "side-channel port is open between the prefill and decode pods.", waited)
+                logger.warning("NIXL pre-warm (%s) not done after %.0f s (kv_transfer.prewarm_timeout_s; %s): "
+                               "cancelled; %s.", of, waited, prewarm_step(task), then)
                 return False
-            logger.warning("NIXL pre-warm still running after %.0f s: this decode replica prefills every request "
-                           "itself until it is done (failover reason kv_handshake_pending; gives up at %.0f s)",
-                           waited, timeout_s)
+            logger.warning("NIXL pre-warm (%s) still running after %.0f s (%s): this decode replica prefills every "
+                           "request itself until it is done (failover reason kv_handshake_pending; cancelled at "
+                           "%.0f s)", of, waited, prewarm_step(task), timeout_s)
     finally:
         if not task.done():
             task.cancel()
-            await asyncio.wait({task})
+            await asyncio.wait({task}, timeout=PREWARM_CANCEL_WAIT_S)  # an abort that hangs too must not hold us
+

@@ -329,7 +329,7 @@ def test_p5_llama3_70b_is_the_classic_case():
     assert r.head["template"]["spec"]["nodeSelector"] == {"karpenter.sh/nodepool": "cpu"}
     args = r.args
     assert args["kv_transfer"] == {"connector": "NixlPushConnector", "backend": "LIBFABRIC", "buffer_device": "cuda",
-                                   "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "prewarm_timeout_s": 300,
+                                   "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "prewarm_timeout_s": 120,
                                    "tokenize_once": True,
                                    "load_failure_policy": "recompute"}
     assert (args["prefill"]["tensor_parallel_size"], args["prefill"]["pipeline_parallel_size"]) == (8, 2)
@@ -360,7 +360,7 @@ def test_cpu_tiny_has_no_gpus_and_no_efa():
         assert needle not in text, needle
     assert r.args["accelerator"] == "cpu"
     assert r.args["kv_transfer"] == {"connector": "NixlConnector", "backend": "UCX", "buffer_device": "cpu",
-                                     "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "prewarm_timeout_s": 300,
+                                     "allow_prefill_tp_greater_than_decode": False, "prewarm": True, "prewarm_timeout_s": 120,
                                      "tokenize_once": True, "load_failure_policy": "recompute"}
     for g in r.groups.values():
         assert not g["template"]["spec"].get("tolerations")

@@ -115,12 +115,13 @@ class Node:
                            timeout=120)
         return json.loads(out.strip().splitlines()[-1])
 
-    def replica_logs(self, group: str, check: bool = True) -> str:
+    def replica_logs(self, group: str, check: bool = True, files: str = "serve/replica_*.log") -> str:
         """The Serve replica logs of the group's first Ray pod (WARNING lines reach the file at once; Serve's
-        high-throughput mode buffers INFO lines)."""
+        high-throughput mode buffers INFO lines); `files`: other logs under Ray's log folder instead, e.g.
+        "worker-*.out" (vLLM's engine lines)."""
         pod = self.ray_pods()[group][0]["metadata"]["name"]
         return self.kubectl("exec", "-n", self.namespace, pod, "--", "bash", "-c",
-                            "cat /tmp/ray/session_latest/logs/serve/replica_*.log", check=check)
+                            f"cd /tmp/ray/session_latest/logs && cat {files}", check=check)
 
     def ray_pods(self, namespace: str | None = None) -> dict[str, list[dict]]:
         """The release's Ray pods by group (head, prefill, decode), from KubeRay's labels."""

@@ -16,9 +16,9 @@ import pytest
 
 from .conftest import ROOT, Node, record, wait_until
 
-# decode's NIXL pre-warm: 18-44 s seen on this node; in two CI passes of 2026-12-05 it had not finished after 8 and
-# 4 minutes. It is cancelled at kvTransfer.prewarmTimeoutS (300 s after decode's start) and requests go to prefill
-# again: the bound covers that deadline, so a hung pre-warm fails here only if KV does not move after it either.
+# decode's NIXL pre-warm: 18-44 s seen on this node; in two CI passes of 2026-12-05 a first one had not finished after
+# 8 and 4 minutes. Now it starts once prefill serves, and an attempt still running at kvTransfer.prewarmTimeoutS (120 s)
+# is cancelled and tried again (3 attempts): the bound covers a stuck first attempt and a second one.
 KV_READY_TIMEOUT_S = 420
 PREFLIGHT = ROOT / "charts" / "ray-llm-disagg" / "files" / "efa_preflight.py"
 spec = importlib.util.spec_from_file_location("efa_preflight", PREFLIGHT)
@@ -69,10 +69,20 @@ def decode_kv(node: Node) -> efa_preflight.KV:
         return efa_preflight.KV.from_metrics(r.read().decode())
 
 
-def decode_log(node: Node, *needles: str) -> list[str]:
-    """Lines of the decode pod's Serve replica logs that hold any of `needles`."""
-    return [line[:400] for line in node.replica_logs("decode", check=False).splitlines()
+def decode_log(node: Node, *needles: str, group: str = "decode", files: str = "serve/replica_*.log") -> list[str]:
+    """Lines of the group's pod's Serve replica logs (or `files`) that hold any of `needles`."""
+    return [line[:400] for line in node.replica_logs(group, check=False, files=files).splitlines()
             if any(n in line for n in needles)]
+
+
+def nixl_lines(node: Node) -> str:
+    """What an operator reads when no KV moves: decode's pre-warm and failover lines, and both engines' NIXL lines."""
+    parts = ["decode's replica log (pre-warm and `prefill failover ... <reason>` lines, last 12):",
+             *decode_log(node, "pre-warm", "prefill failover")[-12:]]
+    for group in ("decode", "prefill"):
+        parts += [f"{group}'s engine log (NIXL lines, last 12):",
+                  *decode_log(node, "NIXL", "Nixl", "nixl", group=group, files="worker-*.out worker-*.err")[-12:]]
+    return "\n".join(parts)
 
 
 def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: Node) -> None:
@@ -107,8 +117,7 @@ def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: N
         except AssertionError:
             assert time.monotonic() - t0 < KV_READY_TIMEOUT_S, (
                 f"{sent} streamed requests in {time.monotonic() - t0:.0f}s and decode's KV counters never rose: "
-                "no KV moved from prefill; decode's replica log (pre-warm and `prefill failover ... <reason>` "
-                "lines, last 12):\n" + "\n".join(decode_log(node, "pre-warm", "prefill failover")[-12:]))
+                "no KV moved from prefill.\n" + nixl_lines(node))
     record("KV moved prefill -> decode after (first streamed request to the first transfer)", time.monotonic() - t0)
     record("  streamed requests until then", float(sent))
     assert after.failed == before.failed, "a NIXL transfer failed"

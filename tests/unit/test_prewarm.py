@@ -11,7 +11,8 @@ import logging
 import pytest
 
 from serve_app.engine import servers
-from serve_app.engine.servers import bounded_prewarm
+from serve_app.engine.servers import bounded_prewarm, prewarm_until_done
+from serve_app.roles import RoleState
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_a_failed_prewarm_ends_the_wait_with_a_warning(warnings) -> None:
         raise RuntimeError("Pre-warm failed after 60 attempts (300s). PrefillServer may be permanently unavailable.")
 
     assert run(bounded_prewarm(prewarm(), timeout_s=5, note_every_s=1)) is False
-    assert len(warnings) == 1 and "did not complete" in warnings[0] and "RuntimeError" in warnings[0], warnings
+    assert len(warnings) == 1 and "failed after" in warnings[0] and "RuntimeError" in warnings[0], warnings
 
 
 def test_a_replica_shutting_down_cancels_the_prewarm_too() -> None:
@@ -97,7 +98,112 @@ def test_the_deadline_is_a_validated_value() -> None:
 
     from serve_app.config import KVTransferSpec
 
-    assert KVTransferSpec().prewarm_timeout_s == 300
+    assert KVTransferSpec().prewarm_timeout_s == 120
     for bad in (0, -1, 7200):
         with pytest.raises(ValidationError, match="prewarm_timeout_s"):
             KVTransferSpec(prewarm_timeout_s=bad)
+
+
+def test_the_notes_name_the_step_the_prewarm_waits_in(warnings) -> None:
+    """Waiting for prefill's pre-warm prefill vs pulling its KV over NIXL: the first points at prefill, the second
+    at the network between the pods. Read from the coroutine's locals, named as Ray's pre-warm names them."""
+
+    async def broadcasting():
+        attempt = 2  # noqa: F841 - read from the frame, as in Ray's pre-warm
+        await asyncio.sleep(3600)
+
+    async def pulling():
+        decode_reqs = ["p0", "p1"]  # noqa: F841
+        await asyncio.sleep(3600)
+
+    for coro, step in ((broadcasting(), "waiting for the prefill replicas to prefill the pre-warm request (Ray's try 2)"),
+                       (pulling(), "pulling the pre-warm's KV from 2 prefill replica(s)")):
+        warnings.clear()
+        assert run(bounded_prewarm(coro, timeout_s=0.15, note_every_s=0.1)) is False
+        assert step in warnings[0] and step in warnings[-1], warnings
+
+
+def test_rays_prewarm_still_has_the_locals_the_step_is_read_from() -> None:
+    from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
+
+    names = PDDecodeServer._maybe_prewarm.__code__.co_varnames
+    assert {"attempt", "decode_reqs"} <= set(names), names
+
+
+class Roles:
+    """The decode replica's role watch as prewarm_until_done reads it: prefill's state per read, from a script."""
+
+    def __init__(self, running: list) -> None:
+        self.running = list(running)  # None: not read yet; n: serving prefill replicas
+        self.reads = 0
+
+    def state(self, role: str):
+        assert role == "prefill"
+        self.reads += 1
+        n = self.running.pop(0) if len(self.running) > 1 else self.running[0]
+        return None if n is None else RoleState("Prefill:tiny", n, "DEPLOYING" if n == 0 else "RUNNING", "", 0.0)
+
+
+class Failover:
+    def __init__(self, roles: Roles) -> None:
+        self.roles = roles
+
+
+def test_a_prewarm_starts_once_prefill_serves_and_a_stuck_attempt_is_tried_again(warnings) -> None:
+    """The hang seen on the real node: a first attempt that never ends. It is cancelled at its deadline and a
+    second attempt (once prefill serves) finishes: disaggregation on, no operator needed."""
+    roles = Roles([None, None, 0, 0, 1])
+    starts: list[int] = []
+
+    def start():
+        starts.append(roles.reads)
+
+        async def prewarm():
+            await asyncio.sleep(3600 if len(starts) == 1 else 0.01)
+        return prewarm()
+
+    done = run(prewarm_until_done(start, lambda: Failover(roles), timeout_s=0.2, note_every_s=0.1, poll_s=0.01))
+    assert done is True
+    assert starts[0] >= 5, starts  # not before the read that found a serving prefill replica
+    assert len(starts) == 2, starts
+    stuck = [w for w in warnings if "not done after" in w]
+    assert len(stuck) == 1 and "attempt 1 of 3" in stuck[0] and "trying again" in stuck[0], warnings
+    assert warnings[-1].startswith("INFO NIXL pre-warm done") and "attempt 2 of 3" in warnings[-1], warnings
+
+
+def test_after_the_last_attempt_requests_go_to_prefill_anyway(warnings) -> None:
+    calls = []
+
+    def start():
+        calls.append(1)
+
+        async def prewarm():
+            raise RuntimeError("broadcast() found no replica")
+        return prewarm()
+
+    assert run(prewarm_until_done(start, lambda: Failover(Roles([2])), timeout_s=1, attempts=3, poll_s=0.01)) is False
+    assert len(calls) == 3
+    assert "attempt 3 of 3" in warnings[-1] and "requests go to prefill again" in warnings[-1], warnings
+    assert all("trying again" in w for w in warnings[:-1]), warnings
+
+
+def test_waiting_for_prefill_is_said_and_starts_nothing(warnings) -> None:
+    """No replica yet (`_failover` not set), then a prefill role that stays down: no pre-warm starts, and the wait
+    is said at WARNING with Serve's reason."""
+    calls = []
+    seen = iter([None] * 3)
+
+    def failover():
+        return next(seen, Failover(Roles([0])))
+
+    async def main():
+        task = asyncio.ensure_future(prewarm_until_done(lambda: calls.append(1), failover, timeout_s=1,
+                                                        note_every_s=0.05, poll_s=0.01))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(main())
+    assert calls == []
+    assert any("waits for a serving prefill replica" in w and "has no running replica" in w for w in warnings), warnings
