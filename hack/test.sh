@@ -16,7 +16,7 @@ logs=$(mktemp -d /tmp/rld-setup.XXXXXX)
 jobs_=(toolchain pyenv)
 hack/toolchain.sh > "$logs/toolchain.log" 2>&1 & pids=($!)
 hack/pyenv.sh > "$logs/pyenv.log" 2>&1 & pids+=($!)
-if [[ " $* " == *" tests/e2e"* ]] || { [ "${RLD_E2E:-0}" = 1 ] && { [ $# -eq 0 ] || [[ " $* " == *" tests "* ]]; }; }; then
+if [[ " $* " == *" tests/e2e"* ]] || { [ "${RLD_E2E:-1}" != 0 ] && { [ $# -eq 0 ] || [[ " $* " == *" tests "* ]]; }; }; then
   hack/e2e.sh image > "$logs/e2e-image.log" 2>&1 & pids+=($!); jobs_+=(e2e-image)
 fi
 failed=()

@@ -32,11 +32,9 @@ def record(label: str, seconds: float) -> None:
     print(f"[timing] {label}: {seconds:.1f}s")
 
 
-# RLD_E2E=1 adds it to `make test` (pytest tests/); a named run (`make test-e2e`, `pytest tests/e2e`) always runs it.
-# A plain `make test` (and so CI) leaves it out again since 2026-12-05: in 2 of 2 fresh-clone passes that day a first
-# decode replica's NIXL pre-warm hung and its streamed-KV test failed (never in the suite run alone; docs/real-node.md,
-# "Fresh-clone passes"). It goes back in once that is understood and passes are green in a row.
-IN_DEFAULT_RUN = os.environ.get("RLD_E2E") == "1"
+# `make test` (pytest tests/) runs it; RLD_E2E=0 leaves it out (a machine without root or ~31 GB of disk for the
+# image, docs/real-node.md). A named run (`make test-e2e`, `pytest tests/e2e`) always runs it.
+IN_DEFAULT_RUN = os.environ.get("RLD_E2E", "1") != "0"
 
 
 def pytest_collection_modifyitems(config, items):
