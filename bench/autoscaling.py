@@ -4,8 +4,15 @@ Two arms, one after the other, each on a fresh local stack (devstack.LocalStack:
 the tiny model, disaggregated; the bench's own port plan):
 
   fixed       1 prefill + 1 decode replica
-  autoscaled  `autoscaling.mode: coupled`, each role between 1 and 2 replicas, with the targets, look-back and
-              downscale delay of tests/autoscaling's e2e test (tests/autoscaling/conftest.py COUPLED)
+  autoscaled  `autoscaling.mode: coupled`, each role between 1 and 2 replicas; targets from the SLO as an operator
+              would set them (`--targets slo`, slo_policy) or tests/autoscaling's fast-trigger ones (`--targets
+              test`, tests/autoscaling/conftest.py COUPLED); the e2e test's look-back and downscale delay
+
+`--decode-max-seqs N` bounds decode's sequences in both arms, as a GPU's KV cache does (on CPU the tiny model's
+decode step is mostly fixed overhead, so without a bound a second decode replica adds no capacity, only CPU
+contention: bench/results/2026-12-05-cpu-autoscaling-xeon). `--probe` first measures one replica's capacity
+per role on this machine (requests one at a time), and a phase rate written `x1.5` is then 1.5 times it: engine
+speed differs ~10x between the 2-core machines this ran on, so absolute rates do not carry over.
 
 Both get the same open-loop load, request for request (seeded Poisson arrivals, seeded prompts):
 
@@ -38,6 +45,7 @@ import os
 import platform
 import random
 import shlex
+import statistics
 import sys
 import threading
 import time
@@ -52,7 +60,7 @@ from devstack.ports import BENCH
 from devstack.serve_config import MODEL_ID
 from devstack.stack import LocalStack, log
 from serve_app.autoscaling.ray_policy import LOG_PREFIX
-from tests.autoscaling.conftest import APP, COUPLED
+from tests.autoscaling.conftest import APP, COUPLED, DOWNSCALE_DELAY_S, ROLE
 from tests.autoscaling.test_e2e_coupled import DEPLOYMENT, WORDS, decisions
 
 ARMS = ("fixed", "autoscaled")
@@ -68,6 +76,7 @@ class Phase:
     name: str
     seconds: float
     rate: Optional[float] = None  # requests/s; None: --prefill-rate / --decode-rate by kind
+    times_capacity: Optional[float] = None  # "x1.5": 1.5 x one replica's capacity for this load, from --probe
 
     @property
     def kind(self) -> Optional[str]:
@@ -78,7 +87,23 @@ def parse_phases(text: str) -> list[Phase]:
     out = []
     for part in text.split(","):
         name, seconds, *rate = part.split(":")
-        out.append(Phase(name.strip(), float(seconds), float(rate[0]) if rate else None))
+        if rate and rate[0].startswith("x"):
+            out.append(Phase(name.strip(), float(seconds), times_capacity=float(rate[0][1:])))
+        else:
+            out.append(Phase(name.strip(), float(seconds), float(rate[0]) if rate else None))
+    return out
+
+
+def with_capacity(phases: list[Phase], capacity: dict[str, float]) -> list[Phase]:
+    """Phases whose rate is a multiple of one replica's capacity ("x1.5") get that rate in requests/s."""
+    out = []
+    for p in phases:
+        if p.times_capacity is not None:
+            if p.kind not in capacity:
+                raise SystemExit(f"phase {p.name}: a rate of x{p.times_capacity} needs --probe (one replica's "
+                                 f"{p.kind or 'load'} capacity measured first)")
+            p = Phase(p.name, p.seconds, round(p.times_capacity * capacity[p.kind], 3), p.times_capacity)
+        out.append(p)
     return out
 
 
@@ -105,16 +130,57 @@ def schedule(phases: list[Phase], rates: dict[str, float], seed: int) -> list[di
             t += rng.expovariate(rate)
             if t >= start + p.seconds:
                 break
-            i = len(out)
-            if p.kind == "prefill":
-                prompt = " ".join(rng.choice(WORDS) for _ in range(1500))  # fresh: no prefix-cache hit
-                body = {"prompt": prompt, "max_tokens": 4}
-            else:
-                body = {"prompt": "once upon a time", "max_tokens": 300, "ignore_eos": True}
-            body.update(model=MODEL_ID, temperature=0, stream=True, stream_options={"include_usage": True})
-            out.append({"i": i, "t_sched": round(t, 3), "phase": p.name, "kind": p.kind, "body": body})
+            out.append({"i": len(out), "t_sched": round(t, 3), "phase": p.name, "kind": p.kind,
+                        "body": body_for(p.kind, rng)})
         start += p.seconds
     return out
+
+
+def body_for(kind: Optional[str], rng: random.Random) -> dict[str, Any]:
+    if kind == "prefill":
+        prompt = " ".join(rng.choice(WORDS) for _ in range(1500))  # fresh: no prefix-cache hit
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": 4}
+    else:
+        body = {"prompt": "once upon a time", "max_tokens": 300, "ignore_eos": True}
+    body.update(model=MODEL_ID, temperature=0, stream=True, stream_options={"include_usage": True})
+    return body
+
+
+def capacities(prefill_s: list[float], decode_s: list[float], decode_max_seqs: Optional[int]) -> dict[str, float]:
+    """One replica's capacity in requests/s from requests sent one at a time: prefill, one prompt per median TTFT
+    (its engine prefills one long prompt at a time at best); decode, `decode_max_seqs` slots each held for a
+    request's median duration (at a full batch a step costs about what it costs alone: the tiny model's step is
+    mostly fixed overhead). Decode has no capacity without a slot bound."""
+    out = {"prefill": round(1 / statistics.median(prefill_s), 3)}
+    if decode_max_seqs:
+        out["decode"] = round(decode_max_seqs / statistics.median(decode_s), 3)
+    return out
+
+
+def probe(args: argparse.Namespace) -> dict[str, Any]:
+    """A fixed stack (the fixed arm's settings), requests one at a time: each role's capacity on this machine."""
+    import ray  # noqa: F401 - LocalStack's Ray
+
+    rng = random.Random(args.seed + 1)
+    stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=BENCH, api_keys=(BENCH_API_KEY,),
+                       overrides={APP: arm_overrides("fixed", args.engine_threads, decode_max_seqs=args.decode_max_seqs)},
+                       cluster_env=dict(PUSH_INTERVAL_ENV))
+    log("probe: one replica per role, requests one at a time")
+    timed: dict[str, list[float]] = {"prefill": [], "decode": []}
+    with stack.running(deploy_timeout_s=900):
+        url = stack.base_url(APP)
+        for kind, n, field in (("prefill", 6, "ttft_s"), ("decode", 3, "e2e_s")):
+            for k in range(n + 1):
+                r = stream_once(url, body_for(kind, rng), timeout_s=300)
+                if r.problem():
+                    raise SystemExit(f"probe: a {kind} request failed: {r.problem()}")
+                if k:  # the first one warms the path up
+                    timed[kind].append(getattr(r, field))
+    cap = capacities(timed["prefill"], timed["decode"], args.decode_max_seqs)
+    log(f"probe: prefill {statistics.median(timed['prefill']):.3f} s per prompt, decode "
+        f"{statistics.median(timed['decode']):.2f} s per request -> capacity per replica {cap} requests/s")
+    return {"prefill_ttft_s": timed["prefill"], "decode_e2e_s": timed["decode"],
+            "decode_max_seqs": args.decode_max_seqs, "capacity_per_replica_per_s": cap}
 
 
 def send(url: str, req: dict[str, Any], t0: float) -> dict[str, Any]:
@@ -176,17 +242,41 @@ class Sampler(threading.Thread):
 
 # ------------------------------------------------------------------------------------------------ one arm
 
-def arm_overrides(arm: str, engine_threads: str) -> dict[str, Any]:
-    out: dict[str, Any] = dict(COUPLED) if arm == "autoscaled" else {}
+def slo_policy(ttft_slo_s: float, tpot_slo_s: float) -> dict[str, Any]:
+    """The coupled policy with targets an operator would set from the SLO (docs/autoscaling.md, "How to choose the
+    targets"): prefill on its queue and on half the TTFT target (vLLM's TTFT on prefill, before the hand-off and
+    decode's first step), decode on the TPOT target as ITL, on its queue and KV use; no `running_per_replica` (a
+    batch size is a benchmark's answer, not a target). tests/autoscaling's `COUPLED` (--targets test) instead
+    crosses count targets on purpose so its e2e test scales fast."""
+    return {
+        "prefill.autoscaling": dict(ROLE), "decode.autoscaling": dict(ROLE),
+        "autoscaling": {
+            "mode": "coupled",
+            "prefill": {"waiting_per_replica": 2, "ttft_s": round(ttft_slo_s / 2, 3)},
+            "decode": {"running_per_replica": None, "waiting_per_replica": 2, "itl_s": tpot_slo_s,
+                       "kv_cache_usage": 0.8},
+            "downscale_delay_s": DOWNSCALE_DELAY_S, "look_back_period_s": 12, "log_every_s": 5,
+        },
+    }
+
+
+def arm_overrides(arm: str, engine_threads: str, targets: str = "test", ttft_slo_s: float = 2.0,
+                  tpot_slo_s: float = 0.025, decode_max_seqs: Optional[int] = None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if arm == "autoscaled":
+        out.update(dict(COUPLED) if targets == "test" else slo_policy(ttft_slo_s, tpot_slo_s))
     if engine_threads == "floating":
         out.update({"prefill.engine_env": dict(FLOATING), "decode.engine_env": dict(FLOATING)})
+    if decode_max_seqs:  # both arms: decode holds this many sequences, as a GPU's KV cache bounds it
+        out["decode.engine_args.max_num_seqs"] = decode_max_seqs
     return out
 
 
 def run_arm(arm: str, requests: list[dict[str, Any]], phases: list[Phase], args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    overrides = arm_overrides(arm, args.engine_threads)
+    overrides = arm_overrides(arm, args.engine_threads, args.targets, args.ttft_slo_s, args.tpot_slo_s,
+                              args.decode_max_seqs)
     stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=BENCH, api_keys=(BENCH_API_KEY,),
                        overrides={APP: overrides}, cluster_env=dict(PUSH_INTERVAL_ENV))
     log(f"arm {arm}: starting the stack (overrides {json.dumps(overrides)})")
@@ -414,6 +504,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--max-in-flight", type=int, default=160, help="client threads (a request waiting for one "
                     "counts the wait in its TTFT)")
     ap.add_argument("--seed", type=int, default=20)
+    ap.add_argument("--targets", choices=("slo", "test"), default="slo", help="the autoscaled arm's policy targets: "
+                    "from --ttft-slo-s/--tpot-slo-s as an operator would set them (slo), or tests/autoscaling's "
+                    "fast-trigger COUPLED (test)")
+    ap.add_argument("--decode-max-seqs", type=int, default=None, help="decode's max_num_seqs in both arms: a "
+                    "sequence bound like a GPU's KV cache (default: the engine's)")
+    ap.add_argument("--probe", action="store_true", help="first measure one replica's capacity per role on this "
+                    "machine; phase rates written x<k> are then k times it")
     args = ap.parse_args(argv)
 
     started = time.monotonic()
@@ -424,6 +521,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "# from the repo root, with the project's venv (hack/pyenv.sh python); on a shared machine under the stack lock:\n"
         f"# flock /tmp/rld-stack.lock nice -n 10 $(hack/pyenv.sh python) -m bench.autoscaling ...\n{command}\n")
     phases = parse_phases(args.phases)
+    probed = probe(args) if args.probe else None
+    phases = with_capacity(phases, probed["capacity_per_replica_per_s"] if probed else {})
     rates = {"prefill": args.prefill_rate, "decode": args.decode_rate}
     requests = schedule(phases, rates, args.seed)
     log(f"{len(requests)} requests over {sum(p.seconds for p in phases):.0f} s per arm; arms {args.arms}")
@@ -438,12 +537,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         "what": "coupled prefill/decode autoscaling vs fixed replicas, same open-loop phased load (bench/autoscaling.py)",
         "machine": machine(), "versions": versions(), "model": "tiny random-weight Llama (devstack/tiny_model.py), CPU",
         "engine_threads": args.engine_threads,
-        "phases": [{"name": p.name, "seconds": p.seconds, "load": p.kind,
+        "phases": [{"name": p.name, "seconds": p.seconds, "load": p.kind, "times_capacity": p.times_capacity,
                     "rate_per_s": p.rate if p.rate is not None else rates.get(p.kind or "", 0.0)} for p in phases],
         "rates_per_s": rates, "requests_per_arm": len(requests), "seed": args.seed,
         "slo": {"ttft_s": args.ttft_slo_s, "tpot_s": args.tpot_slo_s,
                 "rule": "TTFT <= ttft_s and (with >= 2 output tokens) TPOT <= tpot_s; a failed request misses"},
-        "policy": COUPLED, "loaded_phases": loaded,
+        "policy": arms.get("autoscaled", {}).get("overrides"), "targets": args.targets,
+        "decode_max_seqs": args.decode_max_seqs, "probe": probed, "loaded_phases": loaded,
         "timeline": [{k: x[k] for k in ("t_s", "phase", "replicas")} for x in arms.get("autoscaled", {}).get("timeline", [])],
         "timeline_fixed": [{k: x[k] for k in ("t_s", "phase", "replicas")} for x in arms.get("fixed", {}).get("timeline", [])],
         "slo_attainment": {arm: round(attainment(v["requests"], args.ttft_slo_s, args.tpot_slo_s), 4)

@@ -1,0 +1,41 @@
+"""bench/autoscaling.py's decisions that need nothing running: the autoscaled arm's SLO-derived policy is a valid app
+config, decode's sequence bound reaches its engine in both arms, and phase rates written as multiples of a probed
+capacity become requests/s (or refuse to run without the probe)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.autoscaling import arm_overrides, capacities, parse_phases, with_capacity
+from devstack.serve_config import local_app_args, with_overrides
+from serve_app.builder import llm_configs, parse_app_config
+
+
+def app(overrides: dict) -> object:
+    return parse_app_config(with_overrides(local_app_args("/models/tiny"), overrides))
+
+
+def test_the_slo_arm_scales_on_the_slo_and_both_arms_bound_decode() -> None:
+    auto = app(arm_overrides("autoscaled", "floating", "slo", ttft_slo_s=5, tpot_slo_s=0.03, decode_max_seqs=8))
+    assert auto.autoscaling.mode == "coupled"
+    assert auto.autoscaling.prefill.ttft_s == 2.5 and auto.autoscaling.decode.itl_s == 0.03
+    assert auto.autoscaling.decode.running_per_replica is None
+    assert (auto.prefill.autoscaling.max_replicas, auto.decode.autoscaling.max_replicas) == (2, 2)
+    fixed = app(arm_overrides("fixed", "floating", "slo", ttft_slo_s=5, tpot_slo_s=0.03, decode_max_seqs=8))
+    assert fixed.autoscaling.mode != "coupled"
+    for a in (auto, fixed):
+        assert llm_configs(a)["decode"].engine_kwargs["max_num_seqs"] == 8
+        assert "max_num_seqs" not in llm_configs(a)["prefill"].engine_kwargs
+    test_arm = app(arm_overrides("autoscaled", "floating", "test"))
+    assert test_arm.autoscaling.decode.running_per_replica == 4  # tests/autoscaling's fast trigger
+
+
+def test_rates_written_as_multiples_of_capacity() -> None:
+    phases = parse_phases("idle:10,prefill-heavy:60:x1.5,decode-heavy:60:x2,decode-b:30:3")
+    cap = capacities(prefill_s=[0.2, 0.25, 0.3], decode_s=[2.0, 2.2, 1.9], decode_max_seqs=8)
+    assert cap == {"prefill": 4.0, "decode": 4.0}
+    rated = with_capacity(phases, cap)
+    assert [p.rate for p in rated] == [None, 6.0, 8.0, 3.0]
+    assert capacities([0.5], [2.0], None) == {"prefill": 2.0}  # no slot bound: decode has no capacity
+    with pytest.raises(SystemExit, match="needs --probe"):
+        with_capacity(phases, {})
