@@ -120,6 +120,8 @@ def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: N
                 "no KV moved from prefill.\n" + nixl_lines(node))
     record("KV moved prefill -> decode after (first streamed request to the first transfer)", time.monotonic() - t0)
     record("  streamed requests until then", float(sent))
+    # what decode's pre-warm went through (WARNING lines: a wait for prefill, an attempt cancelled or failed)
+    record("  decode pre-warm waits/attempts given up (warnings)", float(len(decode_log(node, "NIXL pre-warm"))))
     assert after.failed == before.failed, "a NIXL transfer failed"
 
 

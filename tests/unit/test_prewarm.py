@@ -124,7 +124,7 @@ def test_the_notes_name_the_step_the_prewarm_waits_in(warnings) -> None:
 
 
 def test_rays_prewarm_still_has_the_locals_the_step_is_read_from() -> None:
-    from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer
+    from serve_app.upstream import PDDecodeServer
 
     names = PDDecodeServer._maybe_prewarm.__code__.co_varnames
     assert {"attempt", "decode_reqs"} <= set(names), names
