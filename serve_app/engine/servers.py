@@ -387,19 +387,21 @@ async def prewarm_until_done(start: Callable[[], Any], failover: Callable[[], An
     """Up to `attempts` pre-warms (`start()` makes one: Ray's coroutine), each once prefill has a serving replica
     (wait_for_prefill) and each bounded by `timeout_s` (bounded_prewarm); True when one finished."""
     for attempt in range(1, attempts + 1):
-        await wait_for_prefill(failover, note_every_s, poll_s)
+        await wait_for_prefill(failover, note_every_s, poll_s, unknown_for_s=timeout_s)
         if await bounded_prewarm(start(), timeout_s, note_every_s, attempt=attempt, attempts=attempts):
             return True
     return False
 
 
 async def wait_for_prefill(failover: Callable[[], Any], note_every_s: float = PREWARM_NOTE_EVERY_S,
-                           poll_s: float = 1.0) -> None:
+                           poll_s: float = 1.0, unknown_for_s: float = float("inf")) -> None:
     """Until the role watch (`failover().roles`, once the replica has one) reads a serving prefill replica. A
     pre-warm started while prefill's engines were still coming up is what hung on the real node (a first decode
     replica's, in 2 of 2 fresh-clone CI passes, 2026-12-05); and a pre-warm's deadline should time the hand-off,
-    not prefill's start-up. Unbounded: until then requests are prefilled on decode as before (or refused with
-    prefill_unavailable), and it is said at WARNING every `note_every_s`."""
+    not prefill's start-up. While prefill is read down there is no bound: requests are prefilled on decode as
+    before (or refused with prefill_unavailable), and it is said at WARNING every `note_every_s`. While its state
+    cannot be read at all (the watch's reads fail), it stops waiting after `unknown_for_s`: Ray's pre-warm then waits
+    for prefill itself, and a watch that cannot read must not keep disaggregation off."""
     started = noted = time.monotonic()
     while True:
         watch = failover()
@@ -407,6 +409,10 @@ async def wait_for_prefill(failover: Callable[[], Any], note_every_s: float = PR
         if state is not None and state.available:
             return
         now = time.monotonic()
+        if state is None and now - started >= unknown_for_s:
+            logger.warning("NIXL pre-warm starts without a read of prefill's state (none in %.0f s: see the role "
+                           "watch's warnings)", now - started)
+            return
         if now - noted >= note_every_s:
             noted = now
             logger.warning("NIXL pre-warm waits for a serving prefill replica (%.0f s so far; %s): this decode "

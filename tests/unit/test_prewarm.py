@@ -207,3 +207,18 @@ def test_waiting_for_prefill_is_said_and_starts_nothing(warnings) -> None:
     run(main())
     assert calls == []
     assert any("waits for a serving prefill replica" in w and "has no running replica" in w for w in warnings), warnings
+
+
+def test_a_watch_that_cannot_read_prefill_does_not_keep_the_prewarm_from_starting(warnings) -> None:
+    calls = []
+
+    def start():
+        calls.append(1)
+
+        async def prewarm():
+            pass
+        return prewarm()
+
+    assert run(prewarm_until_done(start, lambda: Failover(Roles([None])), timeout_s=0.1, poll_s=0.01)) is True
+    assert calls == [1]
+    assert any("starts without a read of prefill's state" in w for w in warnings), warnings
