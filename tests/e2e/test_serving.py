@@ -120,8 +120,9 @@ def test_streamed_chat_completion_through_the_service_moves_kv_to_decode(node: N
                 "no KV moved from prefill.\n" + nixl_lines(node))
     record("KV moved prefill -> decode after (first streamed request to the first transfer)", time.monotonic() - t0)
     record("  streamed requests until then", float(sent))
-    # what decode's pre-warm went through (WARNING lines: a wait for prefill, an attempt cancelled or failed)
-    record("  decode pre-warm waits/attempts given up (warnings)", float(len(decode_log(node, "NIXL pre-warm"))))
+    # what decode's pre-warm went through: its WARNING lines (a wait for prefill, an attempt still running, cancelled
+    # or failed) and, once Serve flushes INFO, the line saying it is done
+    record("  decode replica-log lines about its NIXL pre-warm", float(len(decode_log(node, "NIXL pre-warm"))))
     assert after.failed == before.failed, "a NIXL transfer failed"
 
 
