@@ -109,11 +109,13 @@ def test_the_notes_name_the_step_the_prewarm_waits_in(warnings) -> None:
     at the network between the pods. Read from the coroutine's locals, named as Ray's pre-warm names them."""
 
     async def broadcasting():
-        attempt = 2  # noqa: F841 - read from the frame, as in Ray's pre-warm
+        attempt = 2  # read from the frame, as in Ray's pre-warm
+        assert "attempt" in locals()
         await asyncio.sleep(3600)
 
     async def pulling():
-        decode_reqs = ["p0", "p1"]  # noqa: F841
+        decode_reqs = ["p0", "p1"]
+        assert "decode_reqs" in locals()
         await asyncio.sleep(3600)
 
     for coro, step in ((broadcasting(), "waiting for the prefill replicas to prefill the pre-warm request (Ray's try 2)"),
