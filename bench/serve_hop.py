@@ -90,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="more environment for every Ray process, e.g. RAY_SERVE_USE_GRPC_BY_DEFAULT=0; repeatable")
     a = p.parse_args(argv)
     env = dict(HIGH_THROUGHPUT_ENV) if a.serve_mode == "high-throughput" else {}
-    env.update(kv.split("=", 1) for kv in a.cluster_env)
+    for kv in a.cluster_env:
+        if "=" not in kv:
+            p.error(f"--cluster-env {kv!r}: expected KEY=VALUE")
+        env.update([kv.split("=", 1)])
 
     import ray
     from ray import serve
