@@ -30,6 +30,7 @@ from typing import Any
 
 from devstack.cluster import HIGH_THROUGHPUT_ENV, LocalRayCluster, NodeSpec
 from devstack.ports import BENCH
+from loadtests.openai_load.samples import percentile
 
 
 def _apps() -> dict[str, Any]:
@@ -74,11 +75,6 @@ def first_byte_ms(conn: http.client.HTTPConnection, path: str, body: bytes) -> f
     return ms
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serve_hop", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{a.rounds} paired rounds, {len(body)}-byte body, time to the first body byte:")
         print("| app | p50 ms | p95 ms |\n|---|---:|---:|")
         for name in names:
-            print(f"| {name} | {statistics.median(ms[name]):.2f} | {pct(ms[name], 0.95):.2f} |")
-        print(f"| one-hop - one-replica (paired) | {statistics.median(diff):.2f} | {pct(diff, 0.95):.2f} |")
+            print(f"| {name} | {statistics.median(ms[name]):.2f} | {percentile(ms[name], 95):.2f} |")
+        print(f"| one-hop - one-replica (paired) | {statistics.median(diff):.2f} | {percentile(diff, 95):.2f} |")
         return 0
     finally:
         ray.shutdown()
