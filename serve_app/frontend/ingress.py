@@ -304,6 +304,11 @@ class BoundedOpenAiIngress(OpenAiIngress):
         if isinstance(first, ErrorResponse):  # bounded_chunks maps errors; this is a safety net
             raise OpenAIError.from_engine(first, f"{call_method} request")
         if isinstance(first, NON_STREAMING_RESPONSE_TYPES):
+            # The answer is whole in its one chunk. Read the response to its end (bounded: between_tokens_s)
+            # so the serving replica ends it itself: leaving it open cancelled it on collection, racing the
+            # replica's record of the request (ray_rld_request_seconds missed non-streamed requests).
+            async for _ in gen:
+                pass
             return JSONResponse(content=first.model_dump())
         return StreamingResponse(openai_json_wrapper(gen), media_type="text/event-stream")
 

@@ -139,6 +139,38 @@ def test_other_requests_are_not_refused_by_a_quarantine() -> None:
     assert [r.status_code for r in responses] == [503, 503, 200]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_an_answered_request_lets_the_replica_end_its_response(stream: bool) -> None:
+    """The replica records a request (ray_rld_request_seconds) when its response ends, after its last chunk.
+    A non-streamed answer is one chunk: the ingress used to leave the response open and cancel it when it
+    was collected, so the replica's bookkeeping after that chunk was cut (CI's run of d649c44 missed the
+    local-path request in tests/serve_app). Both shapes must run to the end."""
+    ends: list[str] = []
+
+    async def then_bookkeeping(request: Any) -> AsyncIterator[Any]:
+        try:
+            async for chunk in answer(request):
+                yield chunk
+            await asyncio.sleep(0.05)  # the replica's work after its last chunk
+            ends.append("ended")
+        except (GeneratorExit, asyncio.CancelledError):
+            ends.append("cut")
+            raise
+
+    engine = FakeEngine(lambda n, request, raw: then_bookkeeping(request))
+
+    async def go() -> httpx.Response:
+        async with client(engine) as c:
+            response = await c.post("/v1/completions", json={**BODY, "stream": stream})
+        for _ in range(20):  # collection and its cancel, had they happened
+            await asyncio.sleep(0.02)
+        return response
+
+    response = run(go())
+    assert response.status_code == 200, response.text
+    assert ends == ["ended"]
+
+
 def test_a_long_non_streamed_request_is_not_cut_at_the_first_token_deadline() -> None:
     """Its one chunk comes when generation ends: 0.6 s here, past first_token_s (0.2 s) but within
     0.2 + 100 tokens x 0.01 s. On main this was a 503 'engine sent nothing'."""
