@@ -87,6 +87,10 @@ class LocalRayCluster:
                 "TRANSFORMERS_OFFLINE": "1",
                 # Export metrics every 2 s (Ray's default is 10 s): fresher numbers for the demo and tests.
                 "RAY_metrics_report_interval_ms": str(METRICS_REPORT_INTERVAL_MS),
+                # Loopback only, so no token auth, said explicitly: with RAY_AUTH_MODE unset, Ray 2.60's head turns
+                # it on when ~/.ray/auth_token exists (any local `ray.init()` writes one), while its other nodes
+                # then fail to join ("InvalidAuthToken ... RAY_AUTH_MODE is currently 'disabled'").
+                "RAY_AUTH_MODE": "disabled",
                 **self.ports.serve_env(),
                 **self.extra_env,
             }

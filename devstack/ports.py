@@ -20,6 +20,8 @@ Layout of one plan: the HTTP port, plus a block of 1000 ports at `base`:
     base + 800 .. + 849       Serve direct-ingress HTTP servers of ingress replicas (high-throughput mode)
     base + 850 .. + 899       Serve direct-ingress gRPC servers (high-throughput mode)
     base + 900 / + 901        HAProxy stats / metrics (when Serve's HAProxy ingress is on)
+    base + 902 / + 903        Serve's fallback proxy HTTP / gRPC (head; HAProxy's backup for an app with no
+                              ingress replica up)
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class PortPlan:
             "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(b + 899),
             "RAY_SERVE_HAPROXY_STATS_PORT": str(b + 900),
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(b + 901),
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(b + 902),
+            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(b + 903),
         }
 
     def side_channel_base(self, role: str, app_index: int = 0) -> int:
@@ -115,7 +119,8 @@ class PortPlan:
                 ports.update({p: f"NIXL side channel (app {app} {role})" for p in range(start, start + SIDE_CHANNEL_SPAN)})
         ports.update({p: "Serve direct-ingress HTTP" for p in range(self.base + 800, self.base + 850)})
         ports.update({p: "Serve direct-ingress gRPC" for p in range(self.base + 850, self.base + 900)})
-        ports.update({self.base + 900: "HAProxy stats", self.base + 901: "HAProxy metrics"})
+        ports.update({self.base + 900: "HAProxy stats", self.base + 901: "HAProxy metrics",
+                      self.base + 902: "Serve fallback proxy HTTP", self.base + 903: "Serve fallback proxy gRPC"})
         for i in range(nodes):
             node = self.node_ports(i)
             ports.update({port: f"node {i} {flag}" for flag, port in node.items() if "worker" not in flag})
