@@ -95,6 +95,10 @@ NAMES: dict[str, Name] = {
     ),
     "import_attr": Name("ray._common.utils", "import_attr", "tests: how Serve loads a callback path"),
     "serve_private_api": Name("ray.serve._private.api", None, "devstack: serve_start with the stack's HTTP port"),
+    "maybe_enable_token_auth": Name(
+        "ray._private.authentication.authentication_token_setup", "maybe_enable_token_auth_if_token_available",
+        "tests: whether a Ray process turns token auth on (devstack's loopback stack must not)",
+    ),
     # --- vLLM ---
     "EngineDeadError": Name("vllm.v1.engine.exceptions", "EngineDeadError", "containment"),
     "VLLMClientError": Name(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 from collections import defaultdict
 
 import pytest
@@ -111,3 +114,35 @@ def test_each_app_that_moves_kv_gets_its_own_side_channel_ports() -> None:
     spans = [range(base, base + ports.SIDE_CHANNEL_SPAN) for pair in bases for base in pair]
     assert len({p for span in spans for p in span}) == len(spans) * ports.SIDE_CHANNEL_SPAN, bases
     assert all(p in ports.TESTS_FIRST_RUN.listening(3) for span in spans for p in span)
+
+
+def test_the_plan_reaches_every_ray_process_and_its_fallback_proxy_ports_are_checked() -> None:
+    """Serve's fixed default ports (HAProxy stats/metrics, the fallback proxy) come from the plan, and
+    check_free covers them: two stacks on one machine never share one."""
+    env = LocalRayCluster(role_label_key="k", ports=ports.TESTS_FIRST_RUN).env()
+    listening = ports.TESTS_FIRST_RUN.listening(len(DEFAULT_NODES))
+    for key, value in ports.TESTS_FIRST_RUN.serve_env().items():
+        assert env[key] == value
+        if key.endswith("_PORT"):
+            assert int(value) in listening, key
+
+
+WANTS_TOKEN_AUTH = "from serve_app.upstream import maybe_enable_token_auth; print(maybe_enable_token_auth(False))"
+
+
+def test_a_ray_token_left_in_home_does_not_turn_token_auth_on_in_the_stack(tmp_path: Path) -> None:
+    """Any local `ray.init()` of Ray 2.60 writes ~/.ray/auth_token; a head started with RAY_AUTH_MODE unset
+    then turns token auth on and the stack's other nodes cannot join (every local stack failed so)."""
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("0" * 64)
+    env = {**LocalRayCluster(role_label_key="k", ports=ports.TESTS_FIRST_RUN).env(), "HOME": str(tmp_path)}
+
+    def wants_token_auth(env: dict[str, str]) -> str:
+        run = subprocess.run([sys.executable, "-c", WANTS_TOKEN_AUTH], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout.strip().splitlines()[-1]
+
+    assert wants_token_auth(env) == "False"
+    unset = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+    assert wants_token_auth(unset) == "True", "Ray no longer turns token auth on by itself: the setting may go"
