@@ -44,7 +44,8 @@ log() { printf '[bench/gpu/stage.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 rm -rf "$S" && mkdir -p "$S/dl" "$S/sm"
 PY=$(hack/pyenv.sh python)
 plat=(--no-deps --only-binary=:all: --python-version "$pyver" --implementation cp)
-for n in 5 17 24 27 28 31 34 35; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
+# the glibc tags of the wheels we take (NCCL 2.29.7 is manylinux_2_18); none newer than the lent image's glibc
+for n in 5 17 18 24 27 28 31 34 35; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
 plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 wheels=("vllm==$VLLM_VERSION" "ray==$RAY_VERSION")
 [ "$nixl" = no ] || wheels+=("nixl==$NIXL_VERSION" "nixl-cu13==$NIXL_VERSION")

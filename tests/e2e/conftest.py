@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import host_state
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "e2e.sh"
 CACHE_BIN = Path(os.environ.get("RLD_CACHE", os.path.expanduser("~/.cache/ray-llm-disagg"))) / "bin"
@@ -147,6 +149,9 @@ def wait_until(fn, timeout: float, what: str, interval: float = 2.0):
 def node() -> Node:
     env = {**os.environ, "PATH": f"{CACHE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     log = Path(os.environ.get("RLD_E2E_LOG", "/tmp/ray-llm-disagg-e2e-up.log"))
+    # The host as it was, to hold `down` to leaving it so (not when a node kept from an earlier run is reused).
+    state_dir = Path(os.environ.get("RLD_E2E_STATE", "/tmp/ray-llm-disagg-e2e"))
+    host_before = None if (state_dir / "pids" / "kubelet").exists() else host_state.snapshot()
     t0 = time.monotonic()
     with open(log, "w") as err:
         up = subprocess.run([str(SCRIPT), "up"], stdout=subprocess.PIPE, stderr=err, text=True, env=env,
@@ -172,3 +177,9 @@ def node() -> Node:
         down = subprocess.run([str(SCRIPT), "down"], capture_output=True, text=True, env=env, timeout=600)
         record("hack/e2e.sh down", time.monotonic() - t0)
         assert down.returncode == 0, f"`hack/e2e.sh down` failed:\n{down.stderr[-3000:]}"
+        if host_before is not None:
+            left = host_state.leftovers(host_before, host_state.snapshot())
+            record("hack/e2e.sh down: host state kinds that differ from before up", len(left))
+            assert not left, (
+                "`hack/e2e.sh down` did not leave the host as it was before `up` (added/removed per kind):\n"
+                + json.dumps(left, indent=1)[:6000] + f"\n`down`'s log:\n{down.stderr[-2000:]}")
