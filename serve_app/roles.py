@@ -2,7 +2,7 @@
 
 Why: when a role has no running replica (none RUNNING or PENDING_MIGRATION: the states Serve routes to) (its placement group cannot be scheduled, or every replica is
 dead and restarting), Serve's router waits for one without a deadline and the app stays DEPLOYING; a
-client would wait for the 300 s first-token timeout. A `RoleWatch` reads `serve.status()` in the
+client would wait for the 300 s first-token timeout. A `RoleWatch` reads Serve's status in the
 background, so the ingress answers 503 naming the role (or overflows) at once, the decode replica skips a
 prefill role that is down, and readiness reports both roles.
 
@@ -12,8 +12,11 @@ read that started after the request arrived): the last background read may preda
 came up (an app's first seconds), and nobody gets a 503 from a stale read. A request already waiting
 for a role sees it go down at the next read.
 
-Reads are bounded, in rate and in time. `serve.status()` is a controller RPC plus the whole app's status,
-~10 % of a core per replica at one read every 2 s; so the watch reads every `poll_s` only while requests
+Reads are bounded, in rate and in time. A read is one controller RPC for every app's details, the dict
+`serve.status()` is built from; the watch reads that dict itself (`status_from_details`): `serve.status()`
+turns it into Ray's pydantic models and so re-pickles each deployment's request router class with cloudpickle
+(10 % of a frontend replica's CPU at 24 req/s on one H100, bench/results/2026-12-06-h100-saturation, in a
+thread that holds the GIL the replica's event loop needs). Even so the watch reads every `poll_s` only while requests
 ask for role states (for `active_s` after the last one), and every `idle_poll_s` otherwise (idle replicas
 cost next to nothing, a role that stays down included). The first request after an idle spell wakes the
 loop for a read at once. Every read has a deadline (`read_timeout_s`); a read that fails, times out or
@@ -25,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from serve_app.telemetry.logs import get_logger
 
@@ -156,13 +160,23 @@ class RoleWatch:
 
     async def _run(self) -> None:
         assert self._wake is not None
+        task = asyncio.current_task()
+
+        def cancel_swallowed() -> None:
+            # asyncio.wait_for (Python < 3.12) can swallow a cancel that lands as its inner await ends; the watch
+            # would then read on after its replica began shutting down (seen: an event loop's close hung)
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
+
         while True:
             await self._read()
+            cancel_swallowed()
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.interval())
             except asyncio.TimeoutError:
                 pass
+            cancel_swallowed()
 
     async def _read(self) -> None:
         """One bounded read; never raises (but for cancellation): a failure keeps the last known states."""
@@ -172,12 +186,14 @@ class RoleWatch:
             raise
         except asyncio.TimeoutError:
             logger.warning(
-                "role watch: serve.status() took longer than %.0f s; keeping the last known role states "
-                "(is the Serve controller overloaded? see the controller log on the head)",
+                "role watch: reading Serve's status from the controller took longer than %.0f s; keeping the last "
+                "known role states (is the Serve controller overloaded? see the controller log on the head)",
                 self._read_timeout_s,
             )
         except Exception as exc:  # noqa: BLE001 - keep the last known states, try again later
-            logger.warning("role watch: reading serve.status() failed (%s: %s)", type(exc).__name__, exc)
+            logger.warning(
+                "role watch: reading Serve's status from the controller failed (%s: %s)", type(exc).__name__, exc
+            )
 
     async def poll(self) -> None:
         """Read Serve once and update the states. A read that ends (even finding the app gone) is fresh."""
@@ -225,10 +241,43 @@ class RoleWatch:
         self._gauge.set(state.running, tags={"app": self._app_name or _own_app_name(), "role": role})
 
 
-def _serve_status():
-    from ray import serve
+@dataclass(frozen=True)
+class DeploymentView:
+    """What the watch reads of one deployment (the fields of Serve's DeploymentStatusOverview it uses)."""
 
-    return serve.status()
+    replica_states: dict[str, int]
+    status: str
+    message: str
+
+
+@dataclass(frozen=True)
+class AppView:
+    deployments: dict[str, DeploymentView]
+
+
+@dataclass(frozen=True)
+class StatusView:
+    applications: dict[str, AppView]
+
+
+def status_from_details(details: Mapping[str, Any]) -> StatusView:
+    """Replica states per deployment from the controller's details dict (ServeInstanceDetails as JSON, the
+    input of `serve.status()`), counted as `serve.status()` counts them; missing parts read as empty."""
+    apps = {}
+    for app_name, app in (details.get("applications") or {}).items():
+        deployments = {}
+        for name, d in ((app or {}).get("deployments") or {}).items():
+            states = Counter(str(r.get("state")) for r in (d.get("replicas") or ()))
+            deployments[name] = DeploymentView(dict(states), str(d.get("status", "UNKNOWN")), str(d.get("message") or ""))
+        apps[app_name] = AppView(deployments)
+    return StatusView(apps)
+
+
+def _serve_status() -> StatusView:
+    from serve_app.upstream import get_global_client
+
+    client = get_global_client(raise_if_no_controller_running=False)
+    return status_from_details(client.get_serve_details() if client is not None else {})
 
 
 def _own_app_name() -> str:

@@ -90,6 +90,8 @@ NAMES: dict[str, Name] = {
     ),
     # --- Ray Serve ---
     "session_id_from_headers": Name("ray.serve._private.http_util", "session_id_from_headers", "routing"),
+    "get_global_client": Name("ray.serve.context", "_get_global_client", "role watch: the controller's client"),
+    "ServeControllerClient": Name("ray.serve._private.client", "ServeControllerClient", "role watch (member below)"),
     "validate_http_proxy_callback_return": Name(
         "ray.serve._private.http_util", "validate_http_proxy_callback_return", "tests: proxy middlewares"
     ),
@@ -163,6 +165,8 @@ MEMBERS: tuple[Member, ...] = (
     Member("InnerGcsClient", "standalone", "call"),
     Member("InnerGcsClient", "get_all_node_info", "call"),
     Member("InnerGcsClient", "drain_node", "call"),
+    # the role watch reads the controller's details dict itself (serve.status() rebuilds pydantic models from it)
+    Member("ServeControllerClient", "get_serve_details", "call"),
     # LLMServer: our metered servers
     Member("LLMServer", "__serve_build_asgi_app__", "override"),  # direct streaming's ASGI app
     Member("LLMServer", "_batch_output_stream", "override"),  # StreamBatcher: first chunk at once

@@ -139,3 +139,65 @@ def test_an_idle_watch_stops_reading_and_a_request_wakes_it_at_once() -> None:
         watch._task.cancel()
 
     asyncio.run(scenario())
+
+
+def _details(replicas: list[str] | None, *, status: str = "HEALTHY", message: str = "ok") -> dict[str, Any]:
+    """The controller's details dict (ServeInstanceDetails as JSON, what `serve.status()` is built from)."""
+    deployment: dict[str, Any] = {
+        "name": "Decode:m", "status": status, "status_trigger": "CONFIG_UPDATE_COMPLETED", "message": message,
+        "deployment_config": {"name": "Decode:m"}, "target_num_replicas": 2, "required_resources": {},
+    }
+    if replicas is not None:
+        deployment["replicas"] = [
+            {"node_id": "n", "node_ip": "10.0.0.1", "actor_id": f"a{i}", "actor_name": f"r{i}", "worker_id": "w",
+             "log_file_path": "/l", "replica_id": f"r{i}", "state": state, "pid": i, "start_time_s": 1.0}
+            for i, state in enumerate(replicas)]
+    app = {"name": "app", "route_prefix": "/", "docs_path": None, "status": "RUNNING", "message": "",
+           "last_deployed_time_s": 1.0, "source": "declarative", "external_scaler_enabled": False,
+           "deployments": {"Decode:m": deployment}}
+    return {"proxies": {}, "applications": {"app": app}}
+
+
+def test_status_from_details_counts_replicas_as_serve_status_does() -> None:
+    """The watch reads the controller's dict itself (serve.status() rebuilds Ray's pydantic models from it and
+    cloudpickles each router class on the way); what it reads must equal what serve.status() would say."""
+    from ray.serve.schema import ServeInstanceDetails
+
+    from serve_app.roles import status_from_details
+
+    for replicas, status in ((["RUNNING", "PENDING_MIGRATION", "STARTING"], "HEALTHY"), (["STOPPING"], "UNHEALTHY"),
+                             ([], "UPDATING")):
+        details = _details(replicas, status=status, message=f"{status} now")
+        ours = status_from_details(details).applications["app"].deployments["Decode:m"]
+        ray_s = ServeInstanceDetails(**details)._get_status().applications["app"].deployments["Decode:m"]
+        assert ours.replica_states == ray_s.replica_states
+        assert ours.status == ray_s.status.value and ours.message == ray_s.message
+
+
+def test_status_from_details_reads_missing_parts_as_empty_and_drives_the_watch() -> None:
+    from serve_app.roles import status_from_details
+
+    assert status_from_details({}).applications == {}
+    assert status_from_details({"applications": {"app": {}}}).applications["app"].deployments == {}
+    no_replicas = status_from_details(_details(None)).applications["app"].deployments["Decode:m"]
+    assert no_replicas.replica_states == {} and no_replicas.status == "HEALTHY"
+
+    replicas = {"states": ["STARTING"]}
+    watch = RoleWatch({"decode": "Decode:m"}, app_name="app", poll_s=3600,
+                      read_status=lambda: status_from_details(_details(replicas["states"], status="UPDATING")))
+    watch._publish = lambda *_: None  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await watch.poll()
+        await watch.poll()
+        down = watch.unavailable("decode")
+        assert down is not None and "Decode:m" in down.describe()
+        replicas["states"] = ["PENDING_MIGRATION"]
+        await watch.poll()
+        assert watch.unavailable("decode") is None
+        assert watch._task is not None  # asking started the background loop; a cancel ends it
+        watch._task.cancel()
+        await asyncio.wait({watch._task}, timeout=5)
+        assert watch._task.cancelled()
+
+    asyncio.run(scenario())
