@@ -278,6 +278,13 @@ class LimitsSpec(StrictModel):
     """Bounds on a single request, checked at the frontend before any engine sees it (4xx naming the field)."""
 
     max_body_bytes: int = Field(default=4 * 1024**2, ge=1024, description="Larger bodies get 413.")
+    body_read_timeout_s: float = Field(
+        default=30,
+        gt=0,
+        le=3600,
+        description="Longest a client may take to send its request body, from the frontend's first read of it; "
+        "slower: 408 (a body trickled byte by byte would otherwise hold its connection as long as it likes).",
+    )
     max_n: int = Field(default=8, ge=1, description="Largest `n` / `best_of` (each one is a full generation).")
     max_tokens: Optional[int] = Field(
         default=None, ge=1, description="Largest `max_tokens` a client may ask for; unset: the context length."

@@ -8,7 +8,8 @@
   SetRequestIdMiddleware (Ray's)   every request gets an id (x-request-id, from Serve's proxy)
   CORS (only if configured)        explicit origins, never credentials
   auth.ApiKeyAuth                  401 without a valid `Authorization: Bearer` key (readiness stays open)
-  limits.RequestGuard              413 over limits.max_body_bytes; Serve's control headers neutralised;
+  limits.RequestGuard              413 over limits.max_body_bytes, 408 past limits.body_read_timeout_s;
+                                   Serve's control headers neutralised;
                                    the request is cancelled (engines abort) when the client disconnects
 
 Only the endpoints we serve are routed: /v1/models, /v1/models/{id}, /v1/chat/completions,
@@ -214,7 +215,8 @@ def make_app(app_config: Optional[AppConfig] = None) -> FastAPI:
     add_http_metrics_middleware(app)
     # limits change in place (the ingress's reconfigure, Serve's user_config): the guard reads them per request
     app.state.live_limits = live = LiveLimits(limits)
-    app.add_middleware(RequestGuard, max_body_bytes=lambda: live.limits.max_body_bytes)
+    app.add_middleware(RequestGuard, max_body_bytes=lambda: live.limits.max_body_bytes,
+                       body_read_timeout_s=lambda: live.limits.body_read_timeout_s)
     if auth.enabled:
         app.add_middleware(ApiKeyAuth, spec=auth)
     if auth.cors_allow_origins:

@@ -173,10 +173,13 @@ def error_json(error: OpenAIError) -> JSONResponse:
     return JSONResponse(status_code=error.status_code, content=error.body(), headers=error.headers())
 
 
-async def send_error(send: Any, error: OpenAIError) -> None:
-    """Answer `error` from a pure ASGI middleware (before FastAPI runs)."""
+async def send_error(send: Any, error: OpenAIError, *, close_connection: bool = False) -> None:
+    """Answer `error` from a pure ASGI middleware (before FastAPI runs); `close_connection`: the server closes the
+    connection after it (the rest of the request is not worth reading, e.g. a body past its deadline)."""
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
+    if close_connection:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -562,17 +562,33 @@ class BodyTooLarge(Exception):
     pass
 
 
-class RequestGuard:
-    """ASGI middleware: body-size limit (413), Serve control headers dropped, cancel on client disconnect."""
+class BodyTimeout(Exception):
+    pass
 
-    def __init__(self, app: Any, max_body_bytes: Union[int, Callable[[], int]]) -> None:
+
+class RequestGuard:
+    """ASGI middleware: body-size limit (413), body-read deadline (408), Serve control headers dropped, cancel on
+    client disconnect."""
+
+    def __init__(
+        self,
+        app: Any,
+        max_body_bytes: Union[int, Callable[[], int]],
+        body_read_timeout_s: Union[float, Callable[[], float]] = 30.0,
+    ) -> None:
         self.app = app
         self._max_body_bytes = max_body_bytes
+        self._body_read_timeout_s = body_read_timeout_s
 
     @property
     def max_body_bytes(self) -> int:
         """The limit now (a callable is the app's live limits, read per request)."""
         value = self._max_body_bytes
+        return value() if callable(value) else value
+
+    @property
+    def body_read_timeout_s(self) -> float:
+        value = self._body_read_timeout_s
         return value() if callable(value) else value
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -598,20 +614,36 @@ class RequestGuard:
             code="request_too_large",
         )
 
+    def _too_slow(self, timeout_s: float, received: int) -> OpenAIError:
+        return OpenAIError(
+            408,
+            f"The request body did not arrive within {timeout_s:g} s ({received} bytes came; "
+            "limits.body_read_timeout_s). Send the whole body at once.",
+            code="request_timeout",
+        )
+
     async def _run(self, scope: dict, receive: Any, send: Any, request_id: Optional[str]) -> None:
         body_done = asyncio.Event()
         disconnected = asyncio.Event()
         received = 0
         started = False
         finished = False
+        timeout_s = self.body_read_timeout_s
+        loop = asyncio.get_running_loop()
+        body_deadline: Optional[float] = None  # set by the first read of the body
 
         async def app_receive() -> dict:
-            nonlocal received
+            nonlocal received, body_deadline
             if body_done.is_set():
                 # After the body, the only message left is the disconnect, which the watcher owns.
                 await disconnected.wait()
                 return {"type": "http.disconnect"}
-            message = await receive()
+            if body_deadline is None:
+                body_deadline = loop.time() + timeout_s
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(body_deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                raise BodyTimeout() from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
@@ -649,6 +681,11 @@ class RequestGuard:
         except BodyTooLarge:
             if not started:
                 await send_error(send, self._too_large())
+        except BodyTimeout:
+            logger.info("request %s: body not received within %g s (%d bytes came); answered 408",
+                        request_id, timeout_s, received)
+            if not started:
+                await send_error(send, self._too_slow(timeout_s, received), close_connection=True)
         except asyncio.CancelledError:
             if not disconnected.is_set():
                 raise  # cancelled from outside (Serve's own disconnect handling): nothing more to say

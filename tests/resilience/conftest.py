@@ -39,6 +39,7 @@ from .resilience_helpers import (
     MAIN_ADMISSION,
     MAIN_OVERFLOW_CAP,
     MAX_TOKENS_CAP,
+    BODY_READ_TIMEOUT_S,
     MEASUREMENTS,
     PREFILL_TIMEOUT_S,
     ROUTING_TIMEOUT_S,
@@ -179,6 +180,7 @@ def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[Local
             "main": {
                 "decode.replicas": 2,
                 "limits.max_tokens": MAX_TOKENS_CAP,
+                "limits.body_read_timeout_s": BODY_READ_TIMEOUT_S,
                 "admission": MAIN_ADMISSION,
                 "failover.prefill_timeout_s": PREFILL_TIMEOUT_S,
                 "failover.routing_timeout_s": ROUTING_TIMEOUT_S,

@@ -32,6 +32,7 @@ MAIN_OVERFLOW_CAP = 2
 PREFILL_TIMEOUT_S = 5.0
 ROUTING_TIMEOUT_S = 2.0
 MAX_TOKENS_CAP = 1024
+BODY_READ_TIMEOUT_S = 3.0  # limits.body_read_timeout_s of the main app (default 30): the trickled-body test waits it
 
 # What the suite measured (fuzz counts, fault runs' worst TTFTs, the 401 body), printed at the end of the
 # run in a "resilience measurements" section (conftest.pytest_terminal_summary), also when it passes.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -20,6 +21,7 @@ import psutil
 import pytest
 from .resilience_helpers import (
     API_KEYS,
+    BODY_READ_TIMEOUT_S,
     cluster_metrics,
     engine_core,
     error_of,
@@ -171,6 +173,65 @@ def test_hostile_requests_get_a_fast_4xx_while_a_stream_keeps_flowing(stack: Loc
              f"longest gap meanwhile {gap * 1000:.0f} ms ({overlapped} requests answered while it ran)")
     assert overlapped >= 5, "the concurrent stream ended before the heavy hostile requests were sent"
     assert gap < gap_bound, f"the concurrent stream stalled {gap:.2f} s (bound {gap_bound:.2f} s) while hostile requests were answered"
+    stream.join()
+    assert stream.status == 200 and stream.done_event, (stream.status, stream.error)
+
+
+def trickle_body(port: int, *, every_s: float, give_up_s: float) -> tuple[bytes, float, Optional[float]]:
+    """A keyed chat request that announces a 100 KB body and sends it one byte every `every_s`, the way a
+    slowloris client holds a connection. Returns what the server sent, when its first byte came and when it
+    closed the connection (None: still open after `give_up_s`), in seconds from the request's start."""
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEYS[0]}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{").encode()
+    started = time.monotonic()
+    answer, first, closed = b"", None, None
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(head)
+        sock.settimeout(every_s)
+        while time.monotonic() - started < give_up_s:
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                chunk = None
+            except OSError:
+                chunk = b""
+            if chunk == b"":
+                closed = time.monotonic() - started
+                break
+            if chunk:
+                answer += chunk
+                first = first if first is not None else time.monotonic() - started
+                continue
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                closed = time.monotonic() - started
+                break
+    return answer, first if first is not None else -1.0, closed
+
+
+def test_a_trickled_body_gets_408_at_its_deadline_and_loses_its_connection(stack: LocalStack,
+                                                                            http: httpx.Client) -> None:
+    """A body sent a byte at a time got no deadline: the connection (and a coroutine of the frontend) was held as
+    long as the client liked. limits.body_read_timeout_s answers 408 and the connection closes; others' streams
+    flow meanwhile."""
+    stream = Stream(http, max_tokens=400).start()
+    answer_bound = BODY_READ_TIMEOUT_S + ANSWER_S + BASELINE_FACTOR * baseline_answer_s(http)
+    gap_bound = GAP_S + BASELINE_FACTOR * stream.gaps_between(stream.arrivals[0], stream.arrivals[-1])
+    began = time.monotonic()
+    answer, first_s, closed_s = trickle_body(stack.ports.http, every_s=0.5, give_up_s=answer_bound + 10)
+    ended = time.monotonic()
+    status_line = answer.split(b"\r\n", 1)[0].decode(errors="replace")
+    measured(f"hostile: trickled body: {status_line!r} after {first_s:.2f} s, connection closed after "
+             f"{closed_s if closed_s is None else round(closed_s, 2)} s (deadline {BODY_READ_TIMEOUT_S} s)")
+    assert status_line.startswith("HTTP/1.1 408"), answer[:400]
+    assert BODY_READ_TIMEOUT_S * 0.9 <= first_s < answer_bound, f"408 after {first_s:.2f} s (bound {answer_bound:.2f})"
+    body = answer.split(b"\r\n\r\n", 1)[1]
+    error = json.loads(body[body.index(b"{"):body.rindex(b"}") + 1])["error"]
+    assert error["code"] == "request_timeout" and "limits.body_read_timeout_s" in error["message"], error
+    assert closed_s is not None and closed_s < first_s + 5, f"the connection stayed open (closed: {closed_s})"
+    gap = stream.gaps_between(began, ended)
+    assert gap < gap_bound, f"the concurrent stream stalled {gap:.2f} s (bound {gap_bound:.2f} s)"
     stream.join()
     assert stream.status == 200 and stream.done_event, (stream.status, stream.error)
 
