@@ -260,15 +260,22 @@ class StatusView:
     applications: dict[str, AppView]
 
 
+def _value(x: Any) -> str:
+    """An enum's value (the controller's dict holds Serve's str enums: ReplicaState.RUNNING -> "RUNNING")."""
+    return str(getattr(x, "value", x))
+
+
 def status_from_details(details: Mapping[str, Any]) -> StatusView:
-    """Replica states per deployment from the controller's details dict (ServeInstanceDetails as JSON, the
+    """Replica states per deployment from the controller's details dict (ServeInstanceDetails as a dict, the
     input of `serve.status()`), counted as `serve.status()` counts them; missing parts read as empty."""
     apps = {}
     for app_name, app in (details.get("applications") or {}).items():
         deployments = {}
         for name, d in ((app or {}).get("deployments") or {}).items():
-            states = Counter(str(r.get("state")) for r in (d.get("replicas") or ()))
-            deployments[name] = DeploymentView(dict(states), str(d.get("status", "UNKNOWN")), str(d.get("message") or ""))
+            states = Counter(_value(r.get("state")) for r in (d.get("replicas") or ()))
+            deployments[name] = DeploymentView(
+                dict(states), _value(d.get("status", "UNKNOWN")), str(d.get("message") or "")
+            )
         apps[app_name] = AppView(deployments)
     return StatusView(apps)
 

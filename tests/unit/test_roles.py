@@ -142,7 +142,7 @@ def test_an_idle_watch_stops_reading_and_a_request_wakes_it_at_once() -> None:
 
 
 def _details(replicas: list[str] | None, *, status: str = "HEALTHY", message: str = "ok") -> dict[str, Any]:
-    """The controller's details dict (ServeInstanceDetails as JSON, what `serve.status()` is built from)."""
+    """The input of Ray's ServeInstanceDetails for one app with one deployment (see `_controller_dict`)."""
     deployment: dict[str, Any] = {
         "name": "Decode:m", "status": status, "status_trigger": "CONFIG_UPDATE_COMPLETED", "message": message,
         "deployment_config": {"name": "Decode:m"}, "target_num_replicas": 2, "required_resources": {},
@@ -158,6 +158,14 @@ def _details(replicas: list[str] | None, *, status: str = "HEALTHY", message: st
     return {"proxies": {}, "applications": {"app": app}}
 
 
+def _controller_dict(details: dict[str, Any]) -> dict[str, Any]:
+    """What the controller's get_serve_instance_details returns for `details`: Ray's own conversion (its str enums
+    stay enums: a first version of status_from_details read ReplicaState.RUNNING as "ReplicaState.RUNNING")."""
+    from ray.serve.schema import ServeInstanceDetails
+
+    return ServeInstanceDetails(**details)._get_user_facing_json_serializable_dict(exclude_unset=True)
+
+
 def test_status_from_details_counts_replicas_as_serve_status_does() -> None:
     """The watch reads the controller's dict itself (serve.status() rebuilds Ray's pydantic models from it and
     cloudpickles each router class on the way); what it reads must equal what serve.status() would say."""
@@ -168,7 +176,7 @@ def test_status_from_details_counts_replicas_as_serve_status_does() -> None:
     for replicas, status in ((["RUNNING", "PENDING_MIGRATION", "STARTING"], "HEALTHY"), (["STOPPING"], "UNHEALTHY"),
                              ([], "UPDATING")):
         details = _details(replicas, status=status, message=f"{status} now")
-        ours = status_from_details(details).applications["app"].deployments["Decode:m"]
+        ours = status_from_details(_controller_dict(details)).applications["app"].deployments["Decode:m"]
         ray_s = ServeInstanceDetails(**details)._get_status().applications["app"].deployments["Decode:m"]
         assert ours.replica_states == ray_s.replica_states
         assert ours.status == ray_s.status.value and ours.message == ray_s.message
@@ -179,12 +187,13 @@ def test_status_from_details_reads_missing_parts_as_empty_and_drives_the_watch()
 
     assert status_from_details({}).applications == {}
     assert status_from_details({"applications": {"app": {}}}).applications["app"].deployments == {}
-    no_replicas = status_from_details(_details(None)).applications["app"].deployments["Decode:m"]
+    no_replicas = status_from_details(_details(None)).applications["app"].deployments["Decode:m"]  # Ray requires it
     assert no_replicas.replica_states == {} and no_replicas.status == "HEALTHY"
 
     replicas = {"states": ["STARTING"]}
     watch = RoleWatch({"decode": "Decode:m"}, app_name="app", poll_s=3600,
-                      read_status=lambda: status_from_details(_details(replicas["states"], status="UPDATING")))
+                      read_status=lambda: status_from_details(
+                          _controller_dict(_details(replicas["states"], status="UPDATING"))))
     watch._publish = lambda *_: None  # type: ignore[method-assign]
 
     async def scenario() -> None:
