@@ -26,6 +26,8 @@ from serve_app.upstream import (
     Batcher,
     ChatCompletionRequest,
     CompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
     LLMServer,
     PDDecodeServer,
     PDPrefillServer,
@@ -85,6 +87,40 @@ def refuse_if_engine_dead(server: Any) -> None:
     client = getattr(getattr(server, "engine", None), "_engine_client", None)
     if client is not None and getattr(client, "errored", False) is True:
         raise EngineDeadBeforeDispatch("this replica's vLLM engine was already dead; Serve is restarting it")
+
+
+def out_of_vocab(server: Any, request: Any) -> Optional[str]:
+    """Why a completions prompt of token ids cannot run on this engine's model, or None.
+
+    vLLM 0.29 checks ids against max(highest tokenizer id, tokenizer.vocab_size), one past the last id when the
+    two agree, and the engine then reads its embedding table out of bounds: the resilience fuzz killed both
+    decode engines with `"prompt": [65, 260, 181, 2048, 138]` on the 2048-token test model (2026-12-06). Ids are
+    checked here against the model's vocabulary before the engine sees them."""
+    if not isinstance(request, CompletionRequest) or not isinstance(request.prompt, list):
+        return None
+    ids: list[int] = []
+    for item in request.prompt:
+        if isinstance(item, int):
+            ids.append(item)
+        elif isinstance(item, list):
+            ids.extend(i for i in item if isinstance(i, int))
+    if not ids:
+        return None
+    model_config = getattr(getattr(getattr(server, "engine", None), "_engine_client", None), "model_config", None)
+    try:
+        vocab = int(model_config.get_vocab_size())
+    except Exception:  # noqa: BLE001 - no engine yet (or another engine): vLLM's own check stands
+        return None
+    bad = next((i for i in ids if i < 0 or i >= vocab), None)
+    if bad is None:
+        return None
+    return f"Token id {bad} is out of vocabulary: this model's token ids are 0 to {vocab - 1}."
+
+
+async def client_error(message: str, param: str):
+    """The engine's answer to a request it refuses before running it: one 400 error chunk, as vLLM's own
+    validation errors reach the frontend (which keeps the status, message and param)."""
+    yield ErrorResponse(error=ErrorInfo(message=message, type="BadRequestError", param=param, code=400))
 
 
 class _MeteredMixin:
@@ -159,6 +195,8 @@ class _OnePathMetered(_MeteredMixin):
 
     async def _serve_metered(self, request: Request, raw: Optional[RawRequestInfo], run: Callable):
         refuse_if_engine_dead(self)
+        if (why := out_of_vocab(self, request)) is not None:
+            return client_error(why, "prompt")
         clock = HopClock(path=self.PATH, mode=self.MODE)
         clock.stamp("replica_received")
         self._metrics.accepted(self.PATH)
@@ -295,6 +333,8 @@ class SelectiveDecodeServer(_MeteredMixin, PDDecodeServer):
 
     async def _serve(self, request: Request, raw: Optional[RawRequestInfo], run_local: Callable):
         refuse_if_engine_dead(self)
+        if (why := out_of_vocab(self, request)) is not None:
+            return client_error(why, "prompt")
         clock = HopClock(mode="disaggregated")
         clock.stamp("replica_received")
         # Whatever a client put in kv_transfer_params is not ours to honour: the decode engine would
