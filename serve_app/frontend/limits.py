@@ -566,6 +566,11 @@ class BodyTimeout(Exception):
     pass
 
 
+def _live(value: Any) -> Any:
+    """A limit given as a value or as a callable reading the app's live limits."""
+    return value() if callable(value) else value
+
+
 class RequestGuard:
     """ASGI middleware: body-size limit (413), body-read deadline (408), Serve control headers dropped, cancel on
     client disconnect."""
@@ -583,13 +588,11 @@ class RequestGuard:
     @property
     def max_body_bytes(self) -> int:
         """The limit now (a callable is the app's live limits, read per request)."""
-        value = self._max_body_bytes
-        return value() if callable(value) else value
+        return _live(self._max_body_bytes)
 
     @property
     def body_read_timeout_s(self) -> float:
-        value = self._body_read_timeout_s
-        return value() if callable(value) else value
+        return _live(self._body_read_timeout_s)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
