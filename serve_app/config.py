@@ -316,6 +316,16 @@ class LimitsSpec(StrictModel):
         description="Largest JSON schema, as compact JSON: `response_format`, `structured_outputs`, and each "
         "tool's `function.parameters` (each is compiled into a grammar).",
     )
+    max_pattern_repeat: int = Field(
+        default=1024,
+        ge=0,
+        le=1 << 20,
+        description="Most repetitions the regular expressions of a request's JSON schemas may unroll into, all "
+        "together (each `pattern` and `patternProperties` key in `response_format`, `structured_outputs` and tools' "
+        "`function.parameters`: `{m,n}` counts its largest count, nested counts multiply). vLLM expands them into "
+        "a grammar, superlinearly, when it validates the request (in the serving replica, blocking it) and again "
+        "in the engine: a 50-byte `[a-z]{1,20000}` took 42 s of a core; 1024 is ~0.5 s at worst.",
+    )
     max_prompt_logprobs: int = Field(
         default=0,
         ge=0,

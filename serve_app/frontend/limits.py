@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from serve_app.upstream import ChatCompletionRequest, CompletionRequest, sanitize_chat_completion_request
 from serve_app.config import LimitsSpec
 from serve_app.frontend.errors import OpenAIError, send_error
+from serve_app.frontend.patterns import MAX_PATTERN_DEPTH, pattern_depth, pattern_weight, schema_patterns
 from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
@@ -429,11 +430,39 @@ def check_costs(data: dict[str, Any], kind: str, limits: LimitsSpec) -> None:
     for field in ("response_format", "structured_outputs"):
         if data.get(field) is not None:
             _check_schema_size(field, data[field], limits)
+    schemas = [(field, data[field]) for field in ("response_format", "structured_outputs") if data.get(field) is not None]
     for i, tool in enumerate(data.get("tools") or []):
         function = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(function, dict) and function.get("parameters") is not None:
             _check_schema_size(f"tools.{i}.function.parameters", function["parameters"], limits)
+            schemas.append((f"tools.{i}.function.parameters", function["parameters"]))
+    _check_patterns(schemas, limits)
     _check_prompt_logprobs(data, kind, limits)
+
+
+def _check_patterns(schemas: list[tuple[str, Any]], limits: LimitsSpec) -> None:
+    """The schemas' regular expressions share one budget of unrolled repetitions (serve_app/frontend/patterns.py)."""
+    total = chars = 0
+    for field, value in schemas:
+        for path, pattern in schema_patterns(value, field):
+            path = path if len(path) <= 200 else path[:197] + "..."
+            chars += len(pattern)
+            if chars > limits.max_schema_bytes:  # weighing costs the frontend linear time: bound the text too
+                raise invalid(path, f"This request's schemas hold {chars} characters of regular expressions up to "
+                              f"'{path}'; this endpoint allows at most {limits.max_schema_bytes} (limits.max_schema_bytes).")
+            if pattern_depth(pattern) > MAX_PATTERN_DEPTH:
+                raise invalid(path, f"The regular expression at '{path}' nests groups deeper than "
+                              f"{MAX_PATTERN_DEPTH} levels.")
+            weight = pattern_weight(pattern)
+            total += weight
+            if total > limits.max_pattern_repeat:
+                raise invalid(
+                    path,
+                    f"The regular expression at '{path}' unrolls into {weight} repetitions and this request's "
+                    f"schemas into {total} so far; this endpoint allows at most {limits.max_pattern_repeat} "
+                    "(limits.max_pattern_repeat; `{m,n}` counts n, nested counts multiply). Bound lengths with "
+                    "minLength/maxLength instead of counted repetitions.",
+                )
 
 
 def _check_schema_size(param: str, value: Any, limits: LimitsSpec) -> None:

@@ -93,6 +93,16 @@ HOSTILE: list[tuple[str, str, Any, int, Optional[str]]] = [
      completion(prompt="word " * 1500, echo=True, logprobs=5), 400, "echo"),
     ("deep nesting", "/v1/chat/completions", chat(metadata=json.loads("[" * 200 + "]" * 200)), 400, None),
     ("too many prompts x n", "/v1/completions", completion(prompt=["p"] * 65, n=8), 400, "prompt"),
+    ("50-byte schema pattern [a-z]{1,20000} (42 s of grammar expansion in vLLM's validation)", "/v1/chat/completions",
+     chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {
+         "type": "string", "pattern": "[a-z]{1,20000}"}}}), 400, "response_format.json_schema.schema.pattern"),
+    ("nested counts in a tool's pattern (12 s)", "/v1/chat/completions",
+     chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+         "s": {"type": "string", "pattern": "((.{1,10}){1,10}){1,10}"}}}}}], tool_choice="required"),
+     400, "tools.0.function.parameters.properties.s.pattern"),
+    ("3000 nested groups in a schema pattern (50000 crashed xgrammar)", "/v1/completions",
+     completion(structured_outputs={"json": {"type": "string", "pattern": "(" * 3000 + "a" + ")" * 3000}}),
+     400, "structured_outputs.json.pattern"),
 ]
 
 
