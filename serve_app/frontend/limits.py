@@ -427,15 +427,13 @@ def check_costs(data: dict[str, Any], kind: str, limits: LimitsSpec) -> None:
             raise invalid(f"bad_words.{i}", f"Invalid type for 'bad_words.{i}': expected a string, got {_json_type(word)}.")
     if data.get("tools") == []:
         raise invalid("tools", "'tools' must not be an empty array; omit it or send at least one tool.")
-    for field in ("response_format", "structured_outputs"):
-        if data.get(field) is not None:
-            _check_schema_size(field, data[field], limits)
     schemas = [(field, data[field]) for field in ("response_format", "structured_outputs") if data.get(field) is not None]
     for i, tool in enumerate(data.get("tools") or []):
         function = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(function, dict) and function.get("parameters") is not None:
-            _check_schema_size(f"tools.{i}.function.parameters", function["parameters"], limits)
             schemas.append((f"tools.{i}.function.parameters", function["parameters"]))
+    for param, schema in schemas:
+        _check_schema_size(param, schema, limits)
     _check_patterns(schemas, limits)
     _check_prompt_logprobs(data, kind, limits)
 
