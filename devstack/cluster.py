@@ -32,6 +32,11 @@ NODE_IP = "127.0.0.2"
 # code on the replica's main thread. Measured on one H200 it halves what serving adds to the time to first
 # token (bench/results/2026-12-01-h200). The chart sets the same environment on every Ray container.
 HIGH_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# Serve's own HTTP servers (every node's proxy, HAProxy's backup; each ingress replica's direct ingress) run the app's
+# edge middlewares (serve_app/frontend/edge.py): malformed request ids refused, /-/routes closed, and a request the
+# proxy holds for an app with no running ingress replica answered 503 naming the role. The chart sets the same.
+# The value is serve_app.llm_configs.EDGE_CALLBACK (tests/unit/test_guards.py holds them equal).
+EDGE_CALLBACK_ENV = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.frontend.edge:proxy_middlewares"}
 SERVE_MODES = ("high-throughput", "standard")
 CLUSTER_ID_ENV = "RLD_CLUSTER_ID"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +96,7 @@ class LocalRayCluster:
                 # it on when ~/.ray/auth_token exists (any local `ray.init()` writes one), while its other nodes
                 # then fail to join ("InvalidAuthToken ... RAY_AUTH_MODE is currently 'disabled'").
                 "RAY_AUTH_MODE": "disabled",
+                **EDGE_CALLBACK_ENV,
                 **self.ports.serve_env(),
                 **self.extra_env,
             }

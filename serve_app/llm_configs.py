@@ -85,9 +85,9 @@ def deployment_config(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, An
 
 # Serve's own HTTP server in a replica that serves HTTP (the frontend, or a serving replica with direct streaming,
 # behind HAProxy) decodes x-request-id and answers /-/routes before any app code: Serve wraps it in the
-# middlewares this callback returns (serve_app.frontend.app.EdgeGuard: 400 for a malformed id, /-/routes closed).
+# middlewares this callback returns (serve_app/frontend/edge.py: 400 for a malformed id, /-/routes closed, held requests answered).
 EDGE_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-EDGE_CALLBACK = "serve_app.frontend.app:proxy_middlewares"
+EDGE_CALLBACK = "serve_app.frontend.edge:proxy_middlewares"
 
 
 def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:

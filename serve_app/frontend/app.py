@@ -1,8 +1,8 @@
 """The frontend's ASGI app: routes, middleware in request order, and the OpenAI-shaped error handlers.
 
-  EdgeGuard                        400 for an x-request-id that is not short visible ASCII (Ray's
+  EdgeGuard (edge.py)              400 for an x-request-id that is not short visible ASCII (Ray's
                                    middleware would raise on non-UTF-8 and answer 500); Serve's /-/routes
-                                   closed. The same guard can wrap Serve's own HTTP servers (proxy_middlewares)
+                                   closed. The same guard wraps Serve's own HTTP servers (edge.proxy_middlewares)
   HopClockMiddleware               the per-request clock from frontend to first byte out (telemetry/hops.py);
                                    the in-stream record only with frontend.client_trace
   SetRequestIdMiddleware (Ray's)   every request gets an id (x-request-id, from Serve's proxy)
@@ -36,58 +36,14 @@ from serve_app.upstream import (
 )
 from serve_app.config import AppConfig, AuthSpec, LimitsSpec
 from serve_app.frontend.auth import ApiKeyAuth
-from serve_app.frontend.errors import REQUEST_ID_HEADER, OpenAIError, error_json, send_error
+from serve_app.frontend.edge import REQUEST_ID_HEADER_BYTES, EdgeGuard
+from serve_app.frontend.errors import OpenAIError, error_json
 from serve_app.frontend.limits import RequestGuard
 from serve_app.telemetry.hops import TRACE_REQUEST_HEADER, TRACE_SSE_PREFIX, HopClock, ReplicaStamps, trace_line, trace_logger
 from serve_app.telemetry.logs import get_logger
 from serve_app.telemetry.metrics import HopMetrics
 
 logger = get_logger(__name__)
-
-REQUEST_ID_HEADER_BYTES = REQUEST_ID_HEADER.encode()
-MAX_REQUEST_ID_BYTES = 256
-CLOSED_PATHS = frozenset({"/-/routes"})
-
-
-def valid_request_id(value: bytes) -> bool:
-    """A client's x-request-id is logged and passed to Ray, which decodes it as UTF-8: short visible ASCII only."""
-    return 0 < len(value) <= MAX_REQUEST_ID_BYTES and all(0x21 <= b <= 0x7E for b in value)
-
-
-class EdgeGuard:
-    """Outermost ASGI middleware: 400 for a bad x-request-id (before anything decodes it), 404 for Serve's
-    /-/routes (which lists the apps and their route prefixes to anyone)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            if scope.get("path") in CLOSED_PATHS:
-                await send_error(send, OpenAIError(404, f"Unknown path {scope['path']}.", code="not_found"))
-                return
-            for name, value in scope.get("headers", []):
-                if name.lower() == REQUEST_ID_HEADER_BYTES and not valid_request_id(value):
-                    error = OpenAIError(
-                        400,
-                        f"Invalid x-request-id header: use 1 to {MAX_REQUEST_ID_BYTES} visible ASCII characters.",
-                        param="x-request-id",
-                        code="invalid_request_id",
-                    )
-                    await send_error(send, error)
-                    return
-        await self.app(scope, receive, send)
-
-
-def proxy_middlewares() -> list:
-    """For Serve's own HTTP servers (its proxy, and the replicas' direct ingress in HAProxy mode), which decode
-    x-request-id and answer /-/routes before any app code: set
-    RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve_app.frontend.app:proxy_middlewares in the Ray processes' env.
-    (With HAProxy in front, HAProxy itself answers /-/routes from Ray's template.)"""
-    from starlette.middleware import Middleware
-
-    return [Middleware(EdgeGuard)]
-
 
 def request_id(scope: Any) -> str:
     """The request's id as Serve's proxy set it (x-request-id), from an ASGI scope or a Starlette request."""

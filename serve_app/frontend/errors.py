@@ -8,16 +8,15 @@ a remote traceback tells a client nothing and an attacker too much.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Optional
 
 from fastapi import status
 from fastapi.responses import JSONResponse
 
+from serve_app.frontend.edge import role_unavailable_message, send_json_error
 from serve_app.upstream import ErrorInfo, ErrorResponse, OpenAIHTTPException
 
-REQUEST_ID_HEADER = "x-request-id"
 # vLLM's EngineDeadError message, also what its serving layer puts in an in-band error when the engine died.
 ENGINE_DEAD_MARK = "EngineCore encountered an issue"
 # The ErrorResponse type a decode replica answers with when a prefill engine died running the request.
@@ -159,8 +158,7 @@ class RoleUnavailable(OpenAIError):
     def __init__(self, role: str, detail: str, *, retry_after_s: int) -> None:
         super().__init__(
             status.HTTP_503_SERVICE_UNAVAILABLE,
-            f"The {role} role has no running replica. Retry after {retry_after_s} s. Operators: check "
-            f"`serve status` (placement: `ray status`) and the {role} replica logs.",
+            role_unavailable_message(role, retry_after_s),
             code=f"{role}_unavailable",
             retry_after_s=retry_after_s,
         )
@@ -176,10 +174,4 @@ def error_json(error: OpenAIError) -> JSONResponse:
 async def send_error(send: Any, error: OpenAIError, *, close_connection: bool = False) -> None:
     """Answer `error` from a pure ASGI middleware (before FastAPI runs); `close_connection`: the server closes the
     connection after it (the rest of the request is not worth reading, e.g. a body past its deadline)."""
-    body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
-    if close_connection:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_json_error(send, error.status_code, error.body(), headers=error.headers(), close_connection=close_connection)

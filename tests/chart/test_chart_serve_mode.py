@@ -25,6 +25,18 @@ def test_high_throughput_is_the_default_on_every_ray_container(mode: str) -> Non
             assert env[key]["value"] == value, f"{name}: {key}"
 
 
+@pytest.mark.parametrize("high_throughput", [True, False])
+def test_every_ray_container_gives_serves_proxy_the_apps_edge_guards(high_throughput: bool) -> None:
+    """Serve's proxy on each node (HAProxy's backup; every request without HAProxy) loads the app's edge
+    middlewares, among them the 503 for a request held while the app's ingress has no running replica."""
+    from serve_app.llm_configs import EDGE_CALLBACK, EDGE_CALLBACK_ENV
+
+    for name, c in _ray_containers(render(values={"serve": {"highThroughput": high_throughput}})).items():
+        assert env_of(c)[EDGE_CALLBACK_ENV]["value"] == EDGE_CALLBACK, name
+    err = render_error(values={"extraEnv": [{"name": EDGE_CALLBACK_ENV, "value": "mine:middlewares"}]})
+    assert EDGE_CALLBACK_ENV in err or "edge guards" in err
+
+
 def test_off_leaves_serves_python_proxy() -> None:
     for name, c in _ray_containers(render(values={"serve": {"highThroughput": False}})).items():
         assert not set(MODE_ENV) & set(env_of(c)), name

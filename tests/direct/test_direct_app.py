@@ -191,3 +191,31 @@ def test_zz_dead_engine_answers_503_instead_of_hanging(stack: LocalStack, http: 
     assert elapsed < 150, f"took {elapsed:.0f} s"
     print(f"dead engine (direct streaming): HTTP 503 after {elapsed:.1f} s")
     assert http.post("/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 2}).status_code == 200
+
+
+def test_zzz_while_the_serving_replica_restarts_a_request_gets_a_503_naming_the_role(
+        stack: LocalStack, http: httpx.Client) -> None:
+    """After test_zz: Serve replaces the aggregated replica whose engine died, and until the new one runs (its
+    engine loads for a minute or more) the app has no replica serving HTTP. HAProxy then sends requests to the
+    node's Serve proxy, whose router would hold them until the new replica runs (Ray 2.60 bounds that wait by
+    nothing): the app's edge middleware there (serve_app/frontend/held.py) answers 503 `aggregated_unavailable`
+    instead. Every request meanwhile is answered at once, none waits for the restart."""
+    seen: list[tuple[int, str, float]] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        response = http.post("/agg/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 2},
+                             timeout=60)
+        elapsed = time.monotonic() - started
+        code = openai_error(response, 503)["code"] if response.status_code != 200 else "ok"
+        seen.append((response.status_code, code, elapsed))
+        assert elapsed < 15, f"a request waited {elapsed:.0f} s while the replica restarted: {seen}"
+        if code == "aggregated_unavailable":
+            assert int(response.headers["retry-after"]) >= 1
+            break
+        time.sleep(1)
+    codes = [c for _, c, _ in seen]
+    print(f"replica restart: {len(seen)} requests, answers {sorted(set(codes))}, slowest {max(e for *_, e in seen):.2f} s")
+    assert codes[-1] == "aggregated_unavailable", f"never saw Serve's proxy answer for the restarting app: {seen}"
+    # the disaggregated app beside it is unaffected
+    assert http.post("/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 2}).status_code == 200

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
@@ -13,7 +14,8 @@ from starlette.responses import PlainTextResponse
 
 from serve_app.config import AuthSpec, ContainmentSpec, OverflowSpec, TimeoutSpec
 from serve_app.frontend.admission import Admission, Overloaded
-from serve_app.frontend.app import EdgeGuard, valid_request_id
+from serve_app.frontend.edge import EdgeGuard, valid_request_id
+from serve_app.frontend.held import HeldRequestGuard
 from serve_app.frontend.auth import CACHE_SALT_STATE_KEY, CLIENT_KEY_STATE_KEY, ApiKeyAuth, cache_salt
 from serve_app.frontend.containment import Containment, Quarantined
 from serve_app.frontend.deadlines import non_stream_deadline_s
@@ -27,6 +29,8 @@ from serve_app.frontend.guards import (
     run_guards,
 )
 from serve_app.frontend.overflow import Overflow
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def admit(weight: int = 1, fingerprint: str = "f") -> Admit:
@@ -293,4 +297,9 @@ def test_serves_own_http_servers_get_the_edge_guard() -> None:
     assert frontend_env[EDGE_CALLBACK_ENV] == EDGE_CALLBACK
     assert runtime_env(app, "decode", app.decode)["env_vars"][EDGE_CALLBACK_ENV] == EDGE_CALLBACK
     middlewares = validate_http_proxy_callback_return(import_attr(EDGE_CALLBACK.replace(":", "."))())
-    assert [m.cls for m in middlewares] == [EdgeGuard]
+    assert [m.cls for m in middlewares] == [EdgeGuard, HeldRequestGuard]
+    # every Ray process of the local stack and of the chart's pods names the same callback (Serve's proxy included)
+    from devstack.cluster import EDGE_CALLBACK_ENV as STACK_ENV
+
+    assert STACK_ENV == {EDGE_CALLBACK_ENV: EDGE_CALLBACK}
+    assert EDGE_CALLBACK in (REPO / "charts/ray-llm-disagg/templates/_pod.tpl").read_text()

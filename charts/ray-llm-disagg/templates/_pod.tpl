@@ -115,6 +115,9 @@ env, on every group HF_TOKEN (a secretKeyRef, never inlined) and Serve's high-th
 {{- with $V.model.hfTokenSecret.name -}}
 {{- $env = append $env (dict "name" "HF_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" . "key" $V.model.hfTokenSecret.key))) -}}
 {{- end -}}
+{{- /* Serve's own HTTP servers (each node's proxy, HAProxy's backup; the ingress replicas) run the app's edge
+middlewares: a request the proxy holds for an app with no running ingress replica gets a 503 naming the role */ -}}
+{{- $env = append $env (dict "name" "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH" "value" "serve_app.frontend.edge:proxy_middlewares") -}}
 {{- if $V.serve.highThroughput -}}
 {{- /* every Ray process reads these at start: the controller, the proxies (HAProxy), every replica */ -}}
 {{- $env = append $env (dict "name" "RAY_SERVE_ENABLE_HA_PROXY" "value" "1") -}}
