@@ -128,7 +128,7 @@ class ControllerView:
         read: Callable[[], Mapping[str, Any]] = _read_details,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._refresh_s = refresh_s
+        self.refresh_s = refresh_s
         self._read_timeout_s = read_timeout_s
         self._read = read
         self._clock = clock
@@ -139,7 +139,7 @@ class ControllerView:
 
     async def details(self) -> Optional[Mapping[str, Any]]:
         """The latest details no older than `refresh_s` (None if no read has succeeded yet)."""
-        if self._clock() - self._read_at < self._refresh_s:
+        if self._clock() - self._read_at < self.refresh_s:
             return self._details
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._read_once())
@@ -228,17 +228,21 @@ class _Held:
         arrived = guard._clock()
         task = asyncio.ensure_future(guard.app(self.scope, self._receive, self._send))
         wait_s = guard._grace_s
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=wait_s)
-            if done or self.started:
-                await task
-                return
-            details = await guard._view.details()
-            target = target_for(details, self.scope.get("path", "")) if details is not None else None
-            if target is not None and target.running == 0 and not self.started and not task.done():
-                await self._answer(task, target, guard._clock() - arrived)
-                return
-            wait_s = guard._view._refresh_s
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=wait_s)
+                if done or self.started:
+                    await task
+                    return
+                details = await guard._view.details()
+                target = target_for(details, self.scope.get("path", "")) if details is not None else None
+                if target is not None and target.running == 0 and not self.started and not task.done():
+                    await self._answer(task, target, guard._clock() - arrived)
+                    return
+                wait_s = guard._view.refresh_s
+        except asyncio.CancelledError:  # the server stops this request: so does the proxy's handling of it
+            task.cancel()
+            raise
 
     async def _answer(self, task: asyncio.Future, target: Target, held_s: float) -> None:
         self.aborted.set()

@@ -259,3 +259,25 @@ def test_a_websocket_or_lifespan_scope_passes_through() -> None:
     asyncio.run(g({"type": "lifespan"}, None, None))
     asyncio.run(g({"type": "websocket", "path": "/"}, None, None))
     assert seen == ["lifespan", "websocket"] and controller.reads == 0
+
+
+def test_when_the_server_cancels_the_request_the_proxys_handling_is_cancelled_too() -> None:
+    async def go() -> None:
+        cancelled = asyncio.Event()
+
+        async def proxy(scope: dict, receive: Any, send: Any) -> None:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        running = Controller(details({"agg": ("/agg", "Aggregated:tiny", {"Aggregated:tiny": ["RUNNING"]})}))
+        g = HeldRequestGuard(proxy, grace_s=0.05, view=ControllerView(refresh_s=0.05, read=running),
+                             in_replica=lambda: False)
+        call = asyncio.ensure_future(g({"type": "http", "path": "/agg/v1/completions", "headers": []}, None, None))
+        await asyncio.sleep(0.3)
+        call.cancel()
+        await asyncio.wait_for(cancelled.wait(), 2)
+
+    asyncio.run(go())
