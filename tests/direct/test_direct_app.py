@@ -219,3 +219,47 @@ def test_zzz_while_the_serving_replica_restarts_a_request_gets_a_503_naming_the_
     assert codes[-1] == "aggregated_unavailable", f"never saw Serve's proxy answer for the restarting app: {seen}"
     # the disaggregated app beside it is unaffected
     assert http.post("/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 2}).status_code == 200
+
+
+def test_zzzz_a_stream_cut_by_its_decode_replica_dying_ends_in_an_error_then_decode_is_named_down(
+        stack: LocalStack, http: httpx.Client) -> None:
+    """Runs last (it kills the disaggregated app's only decode replica, the replica serving HTTP with direct
+    streaming). A stream that replica was sending must not end as if complete: the client sees the connection
+    fail (HAProxy cannot finish a chunked body whose server vanished) or an error event, never a clean [DONE],
+    so it knows to retry. Then, while Serve replaces the replica, a request gets 503 `decode_unavailable` at
+    once from Serve's proxy (serve_app/frontend/held.py) instead of waiting for the new replica."""
+    replica = next(p for p in stack.cluster.processes() if "ServeReplica:direct:Decode" in " ".join(p.cmdline()))
+    body = {"model": MODEL_ID, "prompt": prompt(4), "max_tokens": 1500, "stream": True, "temperature": 0,
+            "ignore_eos": True}
+    events: list[str] = []
+    ended = "complete"
+    try:
+        with http.stream("POST", "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    if len(events) == 5:
+                        replica.kill()  # SIGKILL: no drain, no goodbye
+    except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+        ended = type(e).__name__
+    errored = any('"error"' in e for e in events)
+    print(f"decode replica killed mid-stream: {len(events)} events, ended by {ended}, error event: {errored}")
+    assert len(events) < 1500, "the stream finished before the kill reached it"
+    assert ended != "complete" or errored, f"the cut stream looked complete to the client: {events[-3:]}"
+
+    seen: list[tuple[int, str, float]] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        response = http.post("/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 2},
+                             timeout=60)
+        elapsed = time.monotonic() - started
+        code = openai_error(response, 503)["code"] if response.status_code != 200 else "ok"
+        seen.append((response.status_code, code, elapsed))
+        assert elapsed < 15, f"a request waited {elapsed:.0f} s for the replaced decode replica: {seen}"
+        if code == "decode_unavailable":
+            break
+        time.sleep(1)
+    print(f"decode replica restart: {len(seen)} requests, answers {sorted({c for _, c, _ in seen})}")
+    assert seen[-1][1] == "decode_unavailable", seen
