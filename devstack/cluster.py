@@ -31,7 +31,14 @@ NODE_IP = "127.0.0.2"
 # place of the Python HTTP proxy, ingress replicas serving HTTP themselves, gRPC between deployments, user
 # code on the replica's main thread. Measured on one H200 it halves what serving adds to the time to first
 # token (bench/results/2026-12-01-h200). The chart sets the same environment on every Ray container.
-HIGH_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+HIGH_THROUGHPUT_ENV = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    # one refused connection marks a replica DOWN in HAProxy (Ray's default: 3), so HAProxy's retry of that request
+    # goes to another replica or to its backup (the node's Serve proxy, whose held-request guard answers 503 naming the
+    # role) instead of the same dead replica, which ended in HAProxy's plain-text 500; health checks revive a false
+    # positive in ~0.5 s. The chart sets the same.
+    "RAY_SERVE_HAPROXY_OBSERVE_ERROR_LIMIT": "1",
+}
 # Serve's own HTTP servers (every node's proxy, HAProxy's backup; each ingress replica's direct ingress) run the app's
 # edge middlewares (serve_app/frontend/edge.py): malformed request ids refused, /-/routes closed, and a request the
 # proxy holds for an app with no running ingress replica answered 503 naming the role. The chart sets the same.

@@ -6,7 +6,8 @@ import pytest
 
 from .conftest import container, env_of, render, render_error
 
-MODE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+MODE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+            "RAY_SERVE_HAPROXY_OBSERVE_ERROR_LIMIT": "1"}
 
 
 def _ray_containers(r) -> dict[str, dict]:  # type: ignore[no-untyped-def]

@@ -248,18 +248,28 @@ def test_zzzz_a_stream_cut_by_its_decode_replica_dying_ends_in_an_error_then_dec
     assert len(events) < 1500, "the stream finished before the kill reached it"
     assert ended != "complete" or errored, f"the cut stream looked complete to the client: {events[-3:]}"
 
+    # Until HAProxy has marked the dead replica down, a request may still be sent to it on a server connection HAProxy
+    # reuses, and then end in HAProxy's own error (its 502 rewritten by Ray to a plain-text 500, or the connection
+    # closed): at most the first two, each at once. After that Serve's proxy answers for the app.
     seen: list[tuple[int, str, float]] = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         started = time.monotonic()
-        response = http.post("/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 2},
-                             timeout=60)
+        try:
+            response = http.post("/v1/completions", json={"model": MODEL_ID, "prompt": "hello", "max_tokens": 2},
+                                 timeout=60)
+            status = response.status_code
+            code = "haproxy_500" if (status, response.text) == (500, "Internal Server Error") else (
+                "ok" if status == 200 else openai_error(response, 503)["code"])
+        except httpx.TransportError as e:
+            status, code = 0, type(e).__name__
         elapsed = time.monotonic() - started
-        code = openai_error(response, 503)["code"] if response.status_code != 200 else "ok"
-        seen.append((response.status_code, code, elapsed))
+        seen.append((status, code, elapsed))
         assert elapsed < 15, f"a request waited {elapsed:.0f} s for the replaced decode replica: {seen}"
         if code == "decode_unavailable":
             break
-        time.sleep(1)
-    print(f"decode replica restart: {len(seen)} requests, answers {sorted({c for _, c, _ in seen})}")
+        time.sleep(0.5)
+    print(f"decode replica restart: {len(seen)} requests, answers {[c for _, c, _ in seen]}, "
+          f"slowest {max(e for *_, e in seen):.2f} s")
     assert seen[-1][1] == "decode_unavailable", seen
+    assert len(seen) <= 3 and all(c in {"haproxy_500", "RemoteProtocolError", "ReadError"} for _, c, _ in seen[:-1]), seen

@@ -128,6 +128,9 @@ middlewares: a request the proxy holds for an app with no running ingress replic
 {{- /* replay (once by default) a request whose frontend replica died before answering anything */ -}}
 {{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_RETRY_ON" "value" $V.serve.haproxyRetryOn) -}}
 {{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_RETRIES" "value" (int $V.serve.haproxyRetries | toString)) -}}
+{{- /* one refused connection marks a replica DOWN (Ray's default 3), so the retry goes elsewhere or to the
+node's Serve proxy (503 naming the role) instead of the same dead replica and HAProxy's plain-text 500 */ -}}
+{{- $env = append $env (dict "name" "RAY_SERVE_HAPROXY_OBSERVE_ERROR_LIMIT" "value" "1") -}}
 {{- end -}}
 {{- $user := list -}}
 {{- $index := dict -}}
