@@ -10,8 +10,8 @@ getting the frontend's fast 503 naming the role (serve_app/README.md, "Direct st
 (`serve.highThroughput: false`) every request passes through that proxy and the same holds.
 
 `HeldRequestGuard` is an ASGI middleware for Serve's proxy (installed with the edge guard through
-RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH, `proxy_middlewares`; a no-op inside replicas, where the request has
-reached a replica already). It lets the proxy route every request as before. A request that has had no response
+RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve_app.frontend.edge:proxy_middlewares; a no-op inside replicas,
+where the request has reached a replica already). It lets the proxy route every request as before. A request that has had no response
 start after `grace_s` is looked at: if its app's ingress deployment has no replica Serve routes to, per the
 controller, the guard ends the proxy's hold the way a client disconnect would (the proxy cancels the queued
 request) and answers an OpenAI-shaped 503 with Retry-After naming the role (`decode_unavailable`, ...). A request
