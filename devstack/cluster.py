@@ -25,6 +25,7 @@ from typing import Optional
 import psutil
 
 from devstack.ports import DEMO, PortPlan, in_ephemeral_range
+from serve_app.frontend.edge import EDGE_CALLBACK, EDGE_CALLBACK_ENV as EDGE_CALLBACK_ENV_NAME
 
 NODE_IP = "127.0.0.2"
 # Ray Serve's high-throughput mode (Ray's KubeRay guide "Enable High Throughput on Ray Serve"): HAProxy in
@@ -42,8 +43,7 @@ HIGH_THROUGHPUT_ENV = {
 # Serve's own HTTP servers (every node's proxy, HAProxy's backup; each ingress replica's direct ingress) run the app's
 # edge middlewares (serve_app/frontend/edge.py): malformed request ids refused, /-/routes closed, and a request the
 # proxy holds for an app with no running ingress replica answered 503 naming the role. The chart sets the same.
-# The value is serve_app.llm_configs.EDGE_CALLBACK (tests/unit/test_guards.py holds them equal).
-EDGE_CALLBACK_ENV = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.frontend.edge:proxy_middlewares"}
+EDGE_CALLBACK_ENV = {EDGE_CALLBACK_ENV_NAME: EDGE_CALLBACK}
 SERVE_MODES = ("high-throughput", "standard")
 CLUSTER_ID_ENV = "RLD_CLUSTER_ID"
 REPO_ROOT = Path(__file__).resolve().parents[1]

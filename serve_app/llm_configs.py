@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from serve_app.config import AppConfig, RoleSpec
+from serve_app.frontend.edge import EDGE_CALLBACK, EDGE_CALLBACK_ENV  # Serve wraps its own HTTP servers in these
 
 # vLLM kv_role per serving role in disaggregated mode. Aggregated mode has no KV connector.
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -81,13 +82,6 @@ def deployment_config(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, An
     if app.placement.pin_roles:
         config["placement_group_bundle_label_selector"] = [{app.placement.role_label_key: role}]
     return config
-
-
-# Serve's own HTTP server in a replica that serves HTTP (the frontend, or a serving replica with direct streaming,
-# behind HAProxy) decodes x-request-id and answers /-/routes before any app code: Serve wraps it in the
-# middlewares this callback returns (serve_app/frontend/edge.py: 400 for a malformed id, /-/routes closed, held requests answered).
-EDGE_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-EDGE_CALLBACK = "serve_app.frontend.edge:proxy_middlewares"
 
 
 def runtime_env(app: AppConfig, role: str, spec: RoleSpec) -> dict[str, Any]:

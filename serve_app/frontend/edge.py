@@ -20,6 +20,10 @@ REQUEST_ID_HEADER = "x-request-id"
 REQUEST_ID_HEADER_BYTES = REQUEST_ID_HEADER.encode()
 MAX_REQUEST_ID_BYTES = 256
 CLOSED_PATHS = frozenset({"/-/routes"})
+# How Serve finds these middlewares: this env var, in every Ray process (the chart's pod env and the local stack's
+# for the proxies, the replicas' runtime_env from llm_configs for an app deployed on any Ray cluster).
+EDGE_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+EDGE_CALLBACK = "serve_app.frontend.edge:proxy_middlewares"
 
 
 def openai_error_body(message: str, *, status_code: int, param: Optional[str] = None,

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from serve_app.config import ENGINE_DEPLOYMENT_PREFIX, FRONTEND_DEPLOYMENT
 from serve_app.frontend.edge import openai_error_body, role_unavailable_message, send_json_error
-from serve_app.roles import SERVING
+from serve_app.roles import SERVING, _value
 from serve_app.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
@@ -63,10 +63,6 @@ class Target:
             if self.deployment.startswith(prefix):
                 return role
         return self.deployment
-
-
-def _value(x: Any) -> str:
-    return str(getattr(x, "value", x))
 
 
 def _matches(route: str, path: str) -> bool:

@@ -299,7 +299,8 @@ def test_serves_own_http_servers_get_the_edge_guard() -> None:
     middlewares = validate_http_proxy_callback_return(import_attr(EDGE_CALLBACK.replace(":", "."))())
     assert [m.cls for m in middlewares] == [EdgeGuard, HeldRequestGuard]
     # every Ray process of the local stack and of the chart's pods names the same callback (Serve's proxy included)
-    from devstack.cluster import EDGE_CALLBACK_ENV as STACK_ENV
+    from devstack.cluster import LocalRayCluster
+    from serve_app.config import DEFAULT_ROLE_LABEL_KEY
 
-    assert STACK_ENV == {EDGE_CALLBACK_ENV: EDGE_CALLBACK}
+    assert LocalRayCluster(role_label_key=DEFAULT_ROLE_LABEL_KEY).env()[EDGE_CALLBACK_ENV] == EDGE_CALLBACK
     assert EDGE_CALLBACK in (REPO / "charts/ray-llm-disagg/templates/_pod.tpl").read_text()
