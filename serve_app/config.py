@@ -207,12 +207,14 @@ class FrontendSpec(StrictModel):
     num_cpus: float = Field(default=1, ge=0)
     max_ongoing_requests: int = Field(default=1000, ge=1)
     direct_streaming: bool = Field(
-        default=False,
+        default=True,
         description="Run the frontend inside each serving engine replica (decode, or the aggregated engine) "
-        "instead of as its own deployment: HAProxy sends each request straight to a serving replica (Ray "
-        "Serve LLM's direct streaming), one Serve hop fewer. Same guards, same errors; admission and overflow "
-        "limits then hold per serving replica, and replicas/num_cpus size nothing. Works in both Serve "
-        "modes; the hop it saves is the one left once HAProxy (high-throughput mode) replaced the Python proxy.",
+        "instead of as its own deployment (the default): HAProxy sends each request straight to a serving replica "
+        "(Ray Serve LLM's direct streaming), one Serve hop fewer. Same guards, same errors; admission and overflow "
+        "limits hold per serving replica, and replicas/num_cpus/max_replicas_per_node size nothing. False: the "
+        "separate frontend deployment (BoundedOpenAiIngress), which adds that hop (~2.7 ms each request) but "
+        "holds admission per frontend replica, retries a request whose decode replica died before its first "
+        "chunk, and ends a stream cut by a decode replica's death with an SSE error event.",
     )
     client_trace: bool = Field(
         default=False,
@@ -415,7 +417,13 @@ class OverflowSpec(StrictModel):
     queue_threshold: int = Field(
         default=0, ge=0, description="Overflow once this many requests wait in the admission queue (0: as soon as any would)."
     )
-    on_role_unavailable: bool = Field(default=True, description="Overflow instead of 503 when a role is down.")
+    on_role_unavailable: bool = Field(
+        default=True,
+        description="Overflow instead of 503 when a role is down. With frontend.direct_streaming (the default) "
+        "the frontend runs in the decode replicas, so this covers prefill being down (with "
+        "failover.local_fallback off); while no decode replica is up nothing of the app can answer and the Serve "
+        "proxy answers 503 decode_unavailable. Overflowing then too needs frontend.direct_streaming false.",
+    )
     max_in_flight: int = Field(default=64, ge=1, description="Most concurrent overflowed requests per frontend replica.")
     connect_timeout_s: float = Field(default=5, gt=0)
     max_tokens: int = Field(

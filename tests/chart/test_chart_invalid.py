@@ -411,10 +411,12 @@ INVALID: list[Bad] = [
     Bad("schema-extra-volume-without-name", {"decode": {"extraVolumes": [{"emptyDir": {}}]}}, "decode.extraVolumes.0", "name"),
     Bad("schema-enabled-not-bool", {"enabled": "yes"}, "enabled", "want boolean"),
     # --- frontend spread (Serve's max_replicas_per_node): the release's Ray pods must hold every replica ---
-    Bad("frontend-spread-more-than-pods", {"frontend": {"replicas": 3, "maxReplicasPerNode": 1}}, "frontend.maxReplicasPerNode",
+    Bad("frontend-spread-more-than-pods", {"frontend": {"directStreaming": False, "replicas": 3, "maxReplicasPerNode": 1}},
+        "frontend.maxReplicasPerNode",
         "3 frontend replicas at most 1 per Ray pod need 3 pods that can take one, but this release has at most 2 "
         "(prefill 1, decode 1, not the head"),
-    Bad("frontend-spread-aggregated-one-pod", {"mode": "aggregated", "frontend": {"maxReplicasPerNode": 1}},
+    Bad("frontend-spread-aggregated-one-pod",
+        {"mode": "aggregated", "frontend": {"directStreaming": False, "maxReplicasPerNode": 1}},
         "frontend.maxReplicasPerNode", "but this release has at most 1 (decode 1, not the head"),
     Bad("drain-grace-too-short", {"decode": {"terminationGracePeriodSeconds": 15}}, "decode.terminationGracePeriodSeconds",
         "15 s is too short for drainOnDelete"),
@@ -493,15 +495,21 @@ def test_decode_pp_is_fine_in_aggregated_mode():
     assert r.args["decode"]["pipeline_parallel_size"] == 2
 
 
+SEPARATE = {"directStreaming": False}  # the frontend deployment these values size (direct streaming is the default)
+
+
 @pytest.mark.parametrize("values,per_node", [
-    ({}, 1),                                                                     # derived: prefill + decode pods
-    ({"mode": "aggregated"}, None),                                              # derived: one pod, so no limit
-    ({"mode": "aggregated", "frontend": {"numCpus": 0}}, 1),                     # derived: the head takes one
-    ({"mode": "aggregated", "decode": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2}}}, 1),
-    ({"frontend": {"replicas": 3}}, None),                                       # derived: 2 pods for 3, no limit
-    ({"frontend": {"replicas": 4, "maxReplicasPerNode": 2}}, 2),                 # as given, it fits
-    ({"frontend": {"directStreaming": True}}, None),                             # no frontend deployment
-], ids=["default", "aggregated", "head-holds-one", "autoscaled-pods", "more-than-pods", "two-per-pod", "direct-streaming"])
+    ({"frontend": SEPARATE}, 1),                                                 # derived: prefill + decode pods
+    ({"mode": "aggregated", "frontend": SEPARATE}, None),                        # derived: one pod, so no limit
+    ({"mode": "aggregated", "frontend": {**SEPARATE, "numCpus": 0}}, 1),         # derived: the head takes one
+    ({"mode": "aggregated", "frontend": SEPARATE,
+      "decode": {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2}}}, 1),
+    ({"frontend": {**SEPARATE, "replicas": 3}}, None),                           # derived: 2 pods for 3, no limit
+    ({"frontend": {**SEPARATE, "replicas": 4, "maxReplicasPerNode": 2}}, 2),     # as given, it fits
+    ({}, None),                                                                  # the default: no frontend deployment
+    ({"frontend": {"maxReplicasPerNode": 1}}, 1),                                # passed on; sizes nothing when direct
+], ids=["separate", "aggregated", "head-holds-one", "autoscaled-pods", "more-than-pods", "two-per-pod", "default",
+        "direct-ignores-spread"])
 def test_frontend_spread_renders_what_the_pods_can_hold(values, per_node):
     frontend = render(values=values).args["frontend"]
     assert frontend.get("max_replicas_per_node") == per_node

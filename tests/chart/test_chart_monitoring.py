@@ -296,6 +296,22 @@ def test_role_unavailable_leaves_out_roles_that_scale_to_zero(values: dict, role
         assert f'role=~"{roles}"' in rule["expr"], rule["expr"]
 
 
+@pytest.mark.parametrize(("values", "deployment"), [
+    ({}, "Decode:"),
+    ({"mode": "aggregated"}, "Aggregated:"),
+    ({"frontend": {"directStreaming": False}}, None),
+    ({"decode": {"replicas": 0, "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2}}}, None),
+])
+def test_role_unavailable_reads_decode_from_serve_when_decode_is_the_frontend(values: dict, deployment) -> None:
+    """With direct streaming no frontend replica is left to report decode down: the serving deployment's healthy
+    replicas come from Serve's controller instead (the promtool tests fire and silence it)."""
+    (rule,) = [a for a in alerts(rule_spec(values)) if a["alert"] == "RLDRoleUnavailable"]
+    if deployment is None:
+        assert "ray_serve_deployment_replica_healthy" not in rule["expr"], rule["expr"]
+    else:
+        assert f'application="llm",deployment=~"{deployment}.*"' in rule["expr"], rule["expr"]
+
+
 def selectors_of(spec: dict) -> list[dict]:
     exprs = {f"{i}": rule["expr"] for i, rule in enumerate(r for g in spec["groups"] for r in g["rules"])}
     return [s for res in parse_promql(exprs).values() for s in res["selectors"]]

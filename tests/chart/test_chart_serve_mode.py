@@ -53,15 +53,17 @@ def test_the_modes_env_cannot_be_set_by_hand(where: str) -> None:
 
 @pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
 def test_direct_streaming_reaches_the_app(mode: str) -> None:
-    """frontend.directStreaming becomes the app's frontend.direct_streaming (off unless set). The graph it
-    builds (no frontend deployment) is deployed for real in tests/direct: building it here would start a
-    local Ray in this process (Ray Serve LLM's builder reads the runtime context)."""
-    from serve_app.config import AppConfig
+    """frontend.directStreaming becomes the app's frontend.direct_streaming (on unless set false; the app's own
+    default agrees). The graph it builds (no frontend deployment) is deployed for real in tests/direct: building it
+    here would start a local Ray in this process (Ray Serve LLM's builder reads the runtime context)."""
+    from serve_app.config import AppConfig, FrontendSpec
 
-    on = render(values={"mode": mode, "frontend": {"directStreaming": True}}).args
-    assert on["frontend"]["direct_streaming"] is True
-    assert AppConfig.model_validate(on).frontend.direct_streaming is True
-    assert AppConfig.model_validate(render(values={"mode": mode}).args).frontend.direct_streaming is False
+    default = render(values={"mode": mode}).args
+    assert AppConfig.model_validate(default).frontend.direct_streaming is True
+    assert FrontendSpec().direct_streaming is True
+    off = render(values={"mode": mode, "frontend": {"directStreaming": False}}).args
+    assert off["frontend"]["direct_streaming"] is False
+    assert AppConfig.model_validate(off).frontend.direct_streaming is False
 
 
 def test_haproxy_gives_up_on_a_frontend_replica_that_vanished() -> None:

@@ -118,8 +118,10 @@ def test_the_scrape_has_both_paths_and_the_provoked_failures(exported: Exported,
 
 
 def test_every_rule_and_panel_query_selects_what_the_app_exports(exported: Exported) -> None:
-    queries = shipped_queries()
-    allowed = PROMETHEUS_MADE | set(PENDING) | COUPLED_ONLY | recorded_names()
+    # serve.appName as the stack names its disaggregated app (queries that select Serve's `application` label)
+    values = {"serve": {"appName": "disagg"}}
+    queries = shipped_queries(values)
+    allowed = PROMETHEUS_MADE | set(PENDING) | COUPLED_ONLY | recorded_names(values)
     report = check(queries, exported, allowed)
     assert not report, "queries that select what a real scrape does not have:\n" + "\n".join(
         f"  {k}: {p}" for k, ps in report.items() for p in ps)
