@@ -1,5 +1,5 @@
-"""`frontend.direct_streaming` end to end: the serving replica is the HTTP ingress and every guard of the
-separate frontend still holds there (real Ray + HAProxy + vLLM CPU engines + NIXL on loopback)."""
+"""`frontend.direct_streaming` (the default graph) end to end: the serving replica is the HTTP ingress and every
+guard of the separate frontend still holds there (real Ray + HAProxy + vLLM CPU engines + NIXL on loopback)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from serve_app.telemetry import hops
 from devstack.serve_config import MAX_MODEL_LEN, MODEL_ID, REMOTE_PREFILL_MIN_TOKENS
 from devstack.stack import LocalStack
 
+from ..resilience.hostile_cases import hostile_requests_get_a_fast_4xx_while_a_stream_keeps_flowing
 from ..serve_app.serve_helpers import authorized_client, engine_core_of, scrape, total, wait_until
 from .conftest import API_KEY
 
@@ -132,6 +133,12 @@ def test_every_guard_of_the_frontend_holds(stack: LocalStack, http: httpx.Client
 
     ok = http.post(url, json={**body, "prompt": prompt(50)})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_hostile_requests_get_a_fast_4xx_while_the_decode_replicas_stream_keeps_flowing(http: httpx.Client) -> None:
+    """Issue 18's hostile requests against the default graph: here the decode replica validates them on the same
+    event loop that streams its tokens, so a guard that blocked it would stall every stream of the replica."""
+    hostile_requests_get_a_fast_4xx_while_a_stream_keeps_flowing(http)
 
 
 def engine_busy(stack: LocalStack) -> float:

@@ -3,13 +3,17 @@ pod, requests are answered again. Meanwhile clients get answers, never a hang an
 Retry-After (the app's role-unavailable answer). Two clients send requests back to back the whole time, so
 requests are in flight when the pod's processes die, and a probe sends one every few seconds.
 
-The chart runs two frontend replicas (Serve spreads them over the three Ray pods), so at least one of the two
-deleted pods holds one: the module checks that it did, so the case that once cost a 500 for in-flight requests
-and a 72 s wait for the next (docs/real-node.md) is exercised on every run. The recovery times are recorded in
-the suite's timings."""
+The release answers HTTP from the replicas of the app's ingress deployment: by default (frontend.directStreaming)
+the decode replicas themselves, so deleting the decode pod deletes the whole frontend and the Serve proxy's
+held-request guard answers 503 `decode_unavailable` until decode is back; with the separate frontend, two
+frontend replicas that Serve spreads over the three Ray pods. Either way at least one deleted pod holds an
+ingress replica: the module checks that it did, so the case that once cost a 500 for in-flight requests and a 72 s
+wait for the next (docs/real-node.md) is exercised on every run. The recovery times are recorded in the suite's
+timings."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -27,13 +31,17 @@ FRONTEND_PODS_DELETED: list[str] = []
 
 
 
-def frontend_pods(node: Node) -> list[str]:
-    """The pods that hold a live frontend (BoundedOpenAiIngress) replica, one entry per replica."""
+def frontend_pods(node: Node) -> tuple[str, list[str]]:
+    """The deployment whose replicas answer HTTP (BoundedOpenAiIngress when the release runs the separate frontend,
+    else the decode deployment: direct streaming, the default) and the pods of its live replicas, one entry per
+    replica."""
     by_ip = {p["status"].get("podIP"): p["metadata"]["name"] for group in node.ray_pods().values() for p in group}
     replicas = node.serve_replicas()
-    mine = [by_ip.get(ip, ip) for cls, _, ip in replicas if cls.endswith(":BoundedOpenAiIngress")]
-    assert mine, f"no live BoundedOpenAiIngress replica among Serve's replica actors {replicas}"
-    return mine
+    kind = "BoundedOpenAiIngress" if any(c.endswith(":BoundedOpenAiIngress") for c, _, _ in replicas) else "Decode"
+    mine = [by_ip.get(ip, ip) for cls, _, ip in replicas
+            if cls.endswith(":BoundedOpenAiIngress") or (kind == "Decode" and ":Decode:" in cls)]
+    assert mine, f"no live frontend (BoundedOpenAiIngress or decode) replica among Serve's replica actors {replicas}"
+    return kind, mine
 
 
 def wait_kv_moved(node: Node, before) -> bool:
@@ -119,7 +127,7 @@ def check_answers(role: str, seen: list[tuple[float, int | str, str]], who: str)
 def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role: str) -> None:
     assert one_request(node)[0] == 200
     old = node.ray_pods()[role][0]["metadata"]["name"]
-    frontends = frontend_pods(node)
+    _, frontends = frontend_pods(node)
     held = frontends.count(old)
     record(f"  {role}: frontend replicas on the deleted pod (of {len(frontends)})", float(held))
     if held:
@@ -180,13 +188,22 @@ def test_a_deleted_engine_pod_comes_back_and_clients_never_hang(node: Node, role
 
 
 def test_one_deleted_pod_held_a_frontend_replica(node: Node) -> None:
-    """The chart's two frontend replicas are on different Ray pods (frontend.maxReplicasPerNode: 1) of three, so
-    deleting decode and then prefill deletes at least one: the case above is not left to chance."""
+    """The frontend runs in the decode replica (the default) or as two replicas on different Ray pods
+    (frontend.maxReplicasPerNode: 1) of three, so deleting decode and then prefill deletes at least one: the
+    case above is not left to chance."""
     assert FRONTEND_PODS_DELETED, "neither deleted pod held a frontend replica (were both on the head?)"
 
 
-def test_frontend_replicas_are_on_different_pods(node: Node) -> None:
-    """Serve's max_replicas_per_node (frontend.maxReplicasPerNode: 1), after both pods were replaced: one pod
+def test_the_frontend_is_where_the_release_puts_it(node: Node) -> None:
+    """After both pods were replaced. The chart's default (frontend.directStreaming): no frontend deployment, the
+    decode replica answers HTTP itself (HAProxy reaches it directly). The separate frontend: Serve's
+    max_replicas_per_node (frontend.maxReplicasPerNode: 1) keeps its two replicas on different pods, so one pod
     never holds the whole frontend."""
-    pods = frontend_pods(node)
-    assert len(pods) == 2 and len(set(pods)) == 2, f"the two frontend replicas are on pods {pods}"
+    values = json.loads(node.helm("get", "values", "-a", "-o", "json", "-n", node.namespace, node.release).stdout)
+    kind, pods = frontend_pods(node)
+    if values["frontend"]["directStreaming"]:
+        assert kind == "Decode" and len(pods) == len(node.ray_pods()["decode"]), (
+            f"direct streaming: expected the decode replicas to be the frontend, got {kind} on pods {pods}")
+    else:
+        assert kind == "BoundedOpenAiIngress" and len(pods) == 2 and len(set(pods)) == 2, (
+            f"the two frontend replicas are on pods {pods}")

@@ -10,6 +10,12 @@ suite starts its own, two stacks do not fit a 24 GB machine), built by the demo'
                                overflow off -> 503 naming the role
   unplaced-ovf  /unplaced-ovf  the same, overflow ON -> the external endpoint serves
 
+All three run the separate frontend deployment (`frontend.direct_streaming: false`, the non-default variant): what
+this suite asserts is that deployment's contract (a frontend that answers while no engine of the app can be
+placed, overflow while decode is down, a request retried on the other decode replica, admission per frontend
+replica). The default graph (the frontend inside the decode replica) has its own stack in tests/direct, which
+runs the same hostile requests (tests/resilience/hostile_cases.py) against it.
+
 plus the external OpenAI-compatible endpoint overflow goes to: vLLM's own server on the tiny model, on
 127.0.0.1, with an API key of its own (served as "tiny-external", so the model mapping is exercised).
 
@@ -159,6 +165,9 @@ def overflow_key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return key_file
 
 
+SEPARATE_FRONTEND = {"frontend.direct_streaming": False}  # see the module's docstring
+
+
 @pytest.fixture(scope="package")
 def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[LocalStack]:
     overflow = {
@@ -167,7 +176,7 @@ def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[Local
         "api_key_file": str(overflow_key_file),
         "model_map": {MODEL_ID: EXTERNAL_MODEL},
     }
-    nowhere = {"placement.role_label_key": "ray-llm-disagg.io/no-such-pool"}
+    nowhere = {"placement.role_label_key": "ray-llm-disagg.io/no-such-pool", **SEPARATE_FRONTEND}
     local = LocalStack(
         apps={
             "main": ("/", "disaggregated"),
@@ -178,6 +187,7 @@ def stack(external: ExternalEndpoint, overflow_key_file: Path) -> Iterator[Local
         api_keys=API_KEYS,
         overrides={
             "main": {
+                **SEPARATE_FRONTEND,
                 "decode.replicas": 2,
                 "limits.max_tokens": MAX_TOKENS_CAP,
                 "limits.body_read_timeout_s": BODY_READ_TIMEOUT_S,
