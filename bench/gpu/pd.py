@@ -6,8 +6,11 @@
                                                         # not a measurement (2 cores cannot host a fair comparison)
 
 Modes, each on all G GPUs, one after the other:
-  aggregated     our app, G replicas of one engine, one per GPU;
-  aggregated-direct  the same with frontend.direct_streaming (the frontend inside each engine replica);
+  aggregated     our app as configured by default, G replicas of one engine, one per GPU (since 2026-12-06 the
+                 default is frontend.direct_streaming: the frontend inside each engine replica; results before
+                 that date ran the separate frontend under this name);
+  aggregated-direct  the same with frontend.direct_streaming set explicitly (the default now);
+  aggregated-separate  the same with frontend.direct_streaming false (a frontend deployment in front);
   disaggregated  our app, G/2 prefill + G/2 decode engines, one per GPU, the KV cache moved by NIXL;
   vllm           G direct vLLM servers, one per GPU, each offered 1/G of the rate by its own Locust process.
 Engines are started by the same launcher as `make demo` (devstack.stack.LocalStack), compiled (CUDA
@@ -74,8 +77,9 @@ CPU_WORKLOADS = {"256-32": (256, 32), "1k-16": (1024, 16), "256-256": (256, 256)
 # sum is one Poisson stream in which each arrival is of a part with probability its share (seeded per client).
 MIXES = {"mixed": (("1k-1k", 3), ("4k-256", 1))}
 CPU_MIXES = {"mixed": (("256-256", 3), ("1k-16", 1))}
-MODES = ("aggregated", "aggregated-direct", "disaggregated", "vllm")
+MODES = ("aggregated", "aggregated-direct", "aggregated-separate", "disaggregated", "vllm")
 APP_MODES = {"aggregated": ("aggregated", {}), "aggregated-direct": ("aggregated", {"frontend.direct_streaming": True}),
+             "aggregated-separate": ("aggregated", {"frontend.direct_streaming": False}),
              "disaggregated": ("disaggregated", {})}  # bench mode -> (app mode, AppConfig overrides)
 MAX_IN_FLIGHT = 100_000  # per client: no cap a step can reach (Locust's default, 512, capped the 2026-12-01 ladder)
 
@@ -162,7 +166,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.gpu.pd", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(m for m in MODES if m != "aggregated-direct"))  # that one is the default now
     p.add_argument("--workloads", default=None, help=f"of {', '.join([*WORKLOADS, *MIXES])} "
                    f"(CPU: {', '.join([*CPU_WORKLOADS, *CPU_MIXES])}); a mix: {MIXES}")
     p.add_argument("--rates", default=None, help="offered requests/s, ascending (default GPU 0.5,1,2,4,6,8,12,16)")

@@ -8,12 +8,15 @@ Started after tests/serve_app's stack is stopped (package scope), on its own por
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Iterator
 
 import httpx
 import pytest
 
 from devstack.ports import TESTS_DIRECT
+from devstack.serve_config import MODEL_ID
 from devstack.stack import LocalStack
 
 from ..serve_app.serve_helpers import authorized_client
@@ -35,7 +38,29 @@ def stack() -> Iterator[LocalStack]:
         },
     )
     with local.running(deploy_timeout_s=900):
+        wait_remote_prefill(local)
         yield local
+
+
+def wait_remote_prefill(stack: LocalStack, timeout_s: float = 300) -> None:
+    """Until decode's NIXL pre-warm (its first KV hand-off with prefill) is done, decode prefills every request
+    itself (failover reason `kv_handshake_pending`), and a test that expects a long prompt to be prefilled remotely
+    would see `fallback` (it did, once in a run, 2026-12-06). Long prompts, one at a time, until one's per-hop
+    record says `remote`."""
+    body = {"model": MODEL_ID, "prompt": " ".join(["fox"] * 300), "max_tokens": 1, "stream": True}
+    headers = {"Authorization": f"Bearer {API_KEY}", "x-rld-trace": "1"}
+    deadline = time.monotonic() + timeout_s
+    paths: list[str] = []
+    with httpx.Client(base_url=stack.base_url("direct"), headers=headers, timeout=120) as client:
+        while time.monotonic() < deadline:
+            with client.stream("POST", "/completions", json=body) as r:
+                assert r.status_code == 200, r.read()[:300]
+                traces = [line for line in r.iter_lines() if line.startswith(": rld-trace ")]
+            paths.append(json.loads(traces[0][len(": rld-trace "):])["path"] if traces else "untraced")
+            if paths[-1] == "remote":
+                return
+            time.sleep(2)
+    pytest.fail(f"no long prompt was prefilled remotely within {timeout_s:.0f} s (paths seen: {paths})")
 
 
 @pytest.fixture(scope="package")
