@@ -108,15 +108,24 @@ def test_pdbs_are_computable_and_honoured_by_eviction(installed, kube, kube_clus
                 if p.metadata.name not in prefill and p.metadata.deletion_timestamp is None
                 and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
 
-    assert evict(prefill[0]) == 201
-    # KubeRay recreates the evicted pod and KWOK makes it Ready within about a second; once it is, two pods are
-    # healthy again and the PDB rightly allows the next eviction (seen once in a CI pass, 2026-12-05). Refused
-    # is required only while no replacement was Ready before the call.
-    replaced = ready_replacements()
-    second = evict(prefill[1])
-    assert second == 429 or (second == 201 and replaced), (
-        f"the PDB must stop a second prefill eviction while the first pod is gone (got {second}; "
-        f"Ready replacements before the call: {replaced})")
+    # Every node cordoned for the two evictions: KubeRay's replacement for the evicted pod stays Pending, so the
+    # PDB's count of healthy pods cannot be restored between the two calls. (Without it KWOK made the replacement
+    # Ready within about a second, and once the disruption controller counted it the second eviction was rightly
+    # allowed: seen in CI passes on 2026-12-05 and 2026-12-06, the second with no Ready replacement visible just
+    # before the call.)
+    nodes = {n.metadata.name: bool(n.spec.unschedulable) for n in kube.core.list_node().items}
+    for node in nodes:
+        kube.core.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        assert evict(prefill[0]) == 201
+        second = evict(prefill[1])
+        replaced = ready_replacements()
+    finally:
+        for node, was in nodes.items():
+            kube.core.patch_node(node, {"spec": {"unschedulable": was or None}})
+    assert second == 429, (f"the PDB must stop a second prefill eviction while the first pod is gone (got {second}; "
+                           f"Ready replacements: {replaced})")
+    assert not replaced, f"a replacement became Ready on cordoned nodes: {replaced}"
 
 
 def test_ray_token_auth_reaches_every_ray_container(installed, kube, kube_cluster):
