@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from devstack.ports import TESTS_DIRECT
+from serve_app.telemetry.hops import TRACE_SSE_PREFIX
 from devstack.serve_config import MODEL_ID
 from devstack.stack import LocalStack
 
@@ -42,6 +43,9 @@ def stack() -> Iterator[LocalStack]:
         yield local
 
 
+TRACE = TRACE_SSE_PREFIX.decode()  # the SSE comment line that carries a request's per-hop record
+
+
 def wait_remote_prefill(stack: LocalStack, timeout_s: float = 300) -> None:
     """Until decode's NIXL pre-warm (its first KV hand-off with prefill) is done, decode prefills every request
     itself (failover reason `kv_handshake_pending`), and a test that expects a long prompt to be prefilled remotely
@@ -55,8 +59,8 @@ def wait_remote_prefill(stack: LocalStack, timeout_s: float = 300) -> None:
         while time.monotonic() < deadline:
             with client.stream("POST", "/completions", json=body) as r:
                 assert r.status_code == 200, r.read()[:300]
-                traces = [line for line in r.iter_lines() if line.startswith(": rld-trace ")]
-            paths.append(json.loads(traces[0][len(": rld-trace "):])["path"] if traces else "untraced")
+                traces = [line for line in r.iter_lines() if line.startswith(TRACE)]
+            paths.append(json.loads(traces[0][len(TRACE):])["path"] if traces else "untraced")
             if paths[-1] == "remote":
                 return
             time.sleep(2)
