@@ -24,7 +24,9 @@ Both get the same open-loop load, request for request (seeded Poisson arrivals, 
 Every request is streamed and timed from its *scheduled* arrival (a request that waits for a free client thread
 counts that wait), so a backlog shows in its TTFT. It meets the SLO when TTFT <= `--ttft-slo-s` and, with at least
 2 output tokens, TPOT (mean time between output tokens) <= `--tpot-slo-s`; a failed request misses it.
-Replicas per role (RUNNING, and starting) are sampled from serve.status() every 2 s; the coupled policy's decisions
+Before its load each arm waits until each role has one replica RUNNING and none starting for SETTLE_QUIET_S (the
+stack's warm-up requests can make the policy scale prefill up just before the load otherwise). Replicas per role
+(RUNNING, and starting) are sampled from serve.status() every 2 s; the coupled policy's decisions
 come from its RLD_AUTOSCALE lines in the Serve controller's log.
 
 Engine threads: by default each engine runs one OpenMP thread that the OS places (`--engine-threads floating`:
@@ -69,6 +71,7 @@ DEFAULT_PHASES = "idle-start:20,prefill-heavy:180,decode-heavy:180,idle-end:100"
 PUSH_INTERVAL_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"}  # as the e2e test
 FLOATING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 SAMPLE_EVERY_S = 2.0
+SETTLE_QUIET_S = 16.0  # one replica per role this long before the load starts: more than the policy's 12-s look-back
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,24 @@ class Sampler(threading.Thread):
             self.stop.wait(SAMPLE_EVERY_S)
 
 
+def settle(arm: str, quiet_s: float, max_s: float) -> float:
+    """Wait until each role has exactly one replica RUNNING and none starting, `quiet_s` seconds in a row (the
+    policy's look-back and more), so both arms start their load from the same steady state: the stack's own
+    warm-up requests (a fresh engine's first prompt is slow) can otherwise make the coupled policy scale prefill
+    up just before the load, a head start the fixed arm does not get. Returns the seconds waited."""
+    t0 = time.monotonic()
+    quiet_since = None
+    while time.monotonic() - t0 < max_s:
+        c = replica_counts()
+        steady = all(c["running"][r] == 1 and c["starting"][r] == 0 for r in ROLES)
+        now = time.monotonic()
+        quiet_since = (quiet_since or now) if steady else None
+        if quiet_since is not None and now - quiet_since >= quiet_s:
+            return round(now - t0, 1)
+        time.sleep(1.0)
+    raise SystemExit(f"arm {arm}: the replicas did not settle at one per role within {max_s:.0f} s: {replica_counts()}")
+
+
 # ------------------------------------------------------------------------------------------------ one arm
 
 def slo_policy(ttft_slo_s: float, tpot_slo_s: float) -> dict[str, Any]:
@@ -285,6 +306,8 @@ def run_arm(arm: str, requests: list[dict[str, Any]], phases: list[Phase], args:
         startup_s = time.monotonic() - t_start
         ray.init(address=stack.cluster.address, logging_level="WARNING", log_to_driver=False)
         try:
+            settle_s = settle(arm, SETTLE_QUIET_S, 300)
+            log(f"arm {arm}: one replica per role for {SETTLE_QUIET_S:.0f} s ({settle_s} s after the stack was up)")
             load_before = os.getloadavg()
             url = stack.base_url(APP)
             t0 = time.perf_counter()
@@ -321,7 +344,8 @@ def run_arm(arm: str, requests: list[dict[str, Any]], phases: list[Phase], args:
     ]
     failed = sum(1 for r in results if r["error"])
     log(f"arm {arm}: {len(results)} requests, {failed} failed; {len(events)} scale decisions")
-    return {"arm": arm, "overrides": overrides, "startup_s": round(startup_s, 1), "loadavg_before": load_before,
+    return {"arm": arm, "overrides": overrides, "startup_s": round(startup_s, 1), "settle_s": settle_s,
+            "loadavg_before": load_before,
             "loadavg_after": load_after, "timeline": sampler.samples, "scale_events": events, "requests": results}
 
 
@@ -549,7 +573,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "slo_attainment": {arm: round(attainment(v["requests"], args.ttft_slo_s, args.tpot_slo_s), 4)
                            for arm, v in arms.items()},
         "arms": {arm: {**arm_figures(v, loaded, args.ttft_slo_s, args.tpot_slo_s),
-                       "startup_s": v["startup_s"], "loadavg_before": v["loadavg_before"],
+                       "startup_s": v["startup_s"], "settle_s": v.get("settle_s"), "loadavg_before": v["loadavg_before"],
                        "loadavg_after": v["loadavg_after"], "scale_events": v["scale_events"]}
                  for arm, v in arms.items()},
     }
