@@ -54,7 +54,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from bench.paired import stream_once
 from bench.servers import BENCH_API_KEY, REPO_ROOT
@@ -160,30 +160,32 @@ def capacities(prefill_s: list[float], decode_s: list[float], decode_max_seqs: O
     return out
 
 
-def probe(args: argparse.Namespace) -> dict[str, Any]:
-    """A fixed stack (the fixed arm's settings), requests one at a time: each role's capacity on this machine."""
-    import ray  # noqa: F401 - LocalStack's Ray
-
+def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Requests one at a time on a stack with the fixed arm's settings: each role's capacity on this machine."""
     rng = random.Random(args.seed + 1)
-    stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=BENCH, api_keys=(BENCH_API_KEY,),
-                       overrides={APP: arm_overrides("fixed", args.engine_threads, decode_max_seqs=args.decode_max_seqs)},
-                       cluster_env=dict(PUSH_INTERVAL_ENV))
     log("probe: one replica per role, requests one at a time")
     timed: dict[str, list[float]] = {"prefill": [], "decode": []}
-    with stack.running(deploy_timeout_s=900):
-        url = stack.base_url(APP)
-        for kind, n, field in (("prefill", 6, "ttft_s"), ("decode", 3, "e2e_s")):
-            for k in range(n + 1):
-                r = stream_once(url, body_for(kind, rng), timeout_s=300)
-                if r.problem():
-                    raise SystemExit(f"probe: a {kind} request failed: {r.problem()}")
-                if k:  # the first one warms the path up
-                    timed[kind].append(getattr(r, field))
+    for kind, n, field in (("prefill", 6, "ttft_s"), ("decode", 3, "e2e_s")):
+        for k in range(n + 1):
+            r = stream_once(url, body_for(kind, rng), timeout_s=300)
+            if r.problem():
+                raise SystemExit(f"probe: a {kind} request failed: {r.problem()}")
+            if k:  # the first one warms the path up
+                timed[kind].append(getattr(r, field))
     cap = capacities(timed["prefill"], timed["decode"], args.decode_max_seqs)
     log(f"probe: prefill {statistics.median(timed['prefill']):.3f} s per prompt, decode "
         f"{statistics.median(timed['decode']):.2f} s per request -> capacity per replica {cap} requests/s")
     return {"prefill_ttft_s": timed["prefill"], "decode_e2e_s": timed["decode"],
             "decode_max_seqs": args.decode_max_seqs, "capacity_per_replica_per_s": cap}
+
+
+def probe(args: argparse.Namespace) -> dict[str, Any]:
+    """`measure` on a stack of its own (when the first arm is not the fixed one, whose stack it otherwise uses)."""
+    stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=BENCH, api_keys=(BENCH_API_KEY,),
+                       overrides={APP: arm_overrides("fixed", args.engine_threads, decode_max_seqs=args.decode_max_seqs)},
+                       cluster_env=dict(PUSH_INTERVAL_ENV))
+    with stack.running(deploy_timeout_s=900):
+        return measure(stack.base_url(APP), args)
 
 
 def send(url: str, req: dict[str, Any], t0: float) -> dict[str, Any]:
@@ -293,7 +295,12 @@ def arm_overrides(arm: str, engine_threads: str, targets: str = "test", ttft_slo
     return out
 
 
-def run_arm(arm: str, requests: list[dict[str, Any]], phases: list[Phase], args: argparse.Namespace) -> dict[str, Any]:
+Plan = Callable[[str], tuple[list[Phase], list[dict[str, Any]]]]
+
+
+def run_arm(arm: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
+    """One arm on a fresh stack. `plan(url)`, called once the replicas have settled, returns the phases and the
+    requests (the same for both arms: the first call may probe the fixed arm's stack to size them)."""
     import ray
 
     overrides = arm_overrides(arm, args.engine_threads, args.targets, args.ttft_slo_s, args.tpot_slo_s,
@@ -308,8 +315,9 @@ def run_arm(arm: str, requests: list[dict[str, Any]], phases: list[Phase], args:
         try:
             settle_s = settle(arm, SETTLE_QUIET_S, 300)
             log(f"arm {arm}: one replica per role for {SETTLE_QUIET_S:.0f} s ({settle_s} s after the stack was up)")
-            load_before = os.getloadavg()
             url = stack.base_url(APP)
+            phases, requests = plan(url)
+            load_before = os.getloadavg()
             t0 = time.perf_counter()
             t0_wall = time.time()
             sampler = Sampler(phases, t0)
@@ -544,17 +552,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     (out / "commands.txt").write_text(
         "# from the repo root, with the project's venv (hack/pyenv.sh python); on a shared machine under the stack lock:\n"
         f"# flock /tmp/rld-stack.lock nice -n 10 $(hack/pyenv.sh python) -m bench.autoscaling ...\n{command}\n")
-    phases = parse_phases(args.phases)
-    probed = probe(args) if args.probe else None
-    phases = with_capacity(phases, probed["capacity_per_replica_per_s"] if probed else {})
     rates = {"prefill": args.prefill_rate, "decode": args.decode_rate}
-    requests = schedule(phases, rates, args.seed)
-    log(f"{len(requests)} requests over {sum(p.seconds for p in phases):.0f} s per arm; arms {args.arms}")
+    arm_names = args.arms.split(",")
+    # The probe runs on the fixed arm's stack when that arm comes first (settled, before its load: one stack start
+    # fewer), else on a stack of its own with the fixed arm's settings.
+    planned: dict[str, Any] = {"probe": probe(args) if args.probe and arm_names[0] != "fixed" else None}
 
+    def plan(url: str) -> tuple[list[Phase], list[dict[str, Any]]]:
+        if "requests" not in planned:
+            if args.probe and planned["probe"] is None:
+                planned["probe"] = measure(url, args)
+            probed = planned["probe"]
+            phases = with_capacity(parse_phases(args.phases), probed["capacity_per_replica_per_s"] if probed else {})
+            planned.update(phases=phases, requests=schedule(phases, rates, args.seed))
+            log(f"{len(planned['requests'])} requests over {sum(p.seconds for p in phases):.0f} s per arm; "
+                f"arms {args.arms}")
+        return planned["phases"], planned["requests"]
+
+    # a malformed --phases, or a capacity multiple the probe will not give, fails here, before any stack starts
+    with_capacity(parse_phases(args.phases), {} if not args.probe else
+                  {"prefill": 1.0, **({"decode": 1.0} if args.decode_max_seqs else {})})
     arms: dict[str, dict[str, Any]] = {}
-    for arm in args.arms.split(","):
-        arms[arm] = run_arm(arm, requests, phases, args)
+    for arm in arm_names:
+        arms[arm] = run_arm(arm, plan, args)
         (out / "results.json").write_text(json.dumps(arms))  # after each arm: a later failure keeps it
+    phases, requests, probed = planned["phases"], planned["requests"], planned["probe"]
 
     loaded = [p.name for p in phases if p.kind]
     s: dict[str, Any] = {
