@@ -26,8 +26,10 @@ counts that wait), so a backlog shows in its TTFT. It meets the SLO when TTFT <=
 2 output tokens, TPOT (mean time between output tokens) <= `--tpot-slo-s`; a failed request misses it.
 Before its load each arm waits until each role has one replica RUNNING and none starting for SETTLE_QUIET_S (the
 stack's warm-up requests can make the policy scale prefill up just before the load otherwise). Replicas per role
-(RUNNING, and starting) are sampled from serve.status() every 2 s; the coupled policy's decisions
-come from its RLD_AUTOSCALE lines in the Serve controller's log.
+(RUNNING, and starting) are sampled from serve.status() every 2 s, with each role's engine queues (vLLM's waiting
+and running gauges from the role's node, results.json `timeline[].engines`); the coupled policy's decisions come
+from its RLD_AUTOSCALE lines in the Serve controller's log. Each arm also keeps the Ray/vLLM log lines on replica
+starts, engines and errors (`<arm>-log-lines.txt`).
 
 Engine threads: by default each engine runs one OpenMP thread that the OS places (`--engine-threads floating`:
 VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1), in both arms. The local stack's usual binding (`pinned`:
@@ -51,6 +53,7 @@ import statistics
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,10 +230,51 @@ def replica_counts() -> dict[str, dict[str, int]]:
     return out
 
 
+ENGINE_GAUGES = {"waiting": "ray_vllm_num_requests_waiting", "running": "ray_vllm_num_requests_running"}
+
+
+def engine_queues(metrics_urls: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Per role: requests waiting and running in its engines (vLLM's gauges, summed over the role's Ray node), the
+    same figures in both arms (the fixed arm has no policy logging them)."""
+    out = {}
+    for role, url in metrics_urls.items():
+        with urllib.request.urlopen(url, timeout=5) as response:
+            out[role] = engine_gauges(response.read().decode(errors="replace"))
+    return out
+
+
+def engine_gauges(text: str) -> dict[str, float]:
+    """ENGINE_GAUGES summed over every series in a Prometheus text exposition."""
+    sums = {k: 0.0 for k in ENGINE_GAUGES}
+    for line in text.splitlines():
+        for key, name in ENGINE_GAUGES.items():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                rest = line[line.rindex("}") + 1:] if line.startswith(name + "{") else line[len(name):]
+                sums[key] += float(rest.split()[0])
+    return sums
+
+
+# Ray and vLLM log lines that say where a replica's start and an engine's time went (saved per arm: the stack's
+# logs go with it)
+LOG_MARKERS = ("Started initializing replica", "Using executor class", "Resolved architecture", "Loading weights took",
+               "init engine", "KV cache size", "NIXL", "handshake", "Traceback", "ERROR ", "idle CPU", LOG_PREFIX)
+
+
+def save_log_lines(log_dir: Path, path: Path, limit: int = 20000) -> int:
+    files = sorted(log_dir.glob("*.err")) + sorted(log_dir.glob("*.out")) + sorted((log_dir / "serve").glob("*.log"))
+    lines = []
+    for f in files:
+        for line in f.read_text(errors="replace").splitlines():
+            if any(m in line for m in LOG_MARKERS):
+                lines.append(f"{f.name}: {line[:400]}")
+    path.write_text("\n".join(lines[-limit:]) + "\n")
+    return len(lines)
+
+
 class Sampler(threading.Thread):
-    def __init__(self, phases: list[Phase], t0: float) -> None:
+    def __init__(self, phases: list[Phase], t0: float, metrics_urls: dict[str, str]) -> None:
         super().__init__(daemon=True)
-        self.phases, self.t0, self.samples = phases, t0, []
+        self.phases, self.t0, self.samples, self.metrics_urls = phases, t0, [], metrics_urls
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -238,8 +282,13 @@ class Sampler(threading.Thread):
             t = time.perf_counter() - self.t0
             try:
                 c = replica_counts()
-                self.samples.append({"t_s": round(t, 1), "phase": phase_at(self.phases, t),
-                                     "replicas": c["running"], "starting": c["starting"]})
+                sample = {"t_s": round(t, 1), "phase": phase_at(self.phases, t), "replicas": c["running"],
+                          "starting": c["starting"]}
+                try:
+                    sample["engines"] = engine_queues(self.metrics_urls)
+                except Exception as exc:  # noqa: BLE001 - the engines' queues are context, not the result
+                    sample["engines_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                self.samples.append(sample)
             except Exception as exc:  # noqa: BLE001 - a missed sample is a gap, not a failed run
                 log(f"replica sample failed: {type(exc).__name__}: {exc}")
             self.stop.wait(SAMPLE_EVERY_S)
@@ -320,7 +369,7 @@ def run_arm(arm: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
             load_before = os.getloadavg()
             t0 = time.perf_counter()
             t0_wall = time.time()
-            sampler = Sampler(phases, t0)
+            sampler = Sampler(phases, t0, {role: stack.cluster.metrics_url(role) for role in ROLES})
             sampler.start()
             results: list[dict[str, Any]] = []
             with ThreadPoolExecutor(max_workers=args.max_in_flight) as pool:
@@ -343,6 +392,9 @@ def run_arm(arm: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
             sampler.join(timeout=30)
             load_after = os.getloadavg()
             policy = decisions(stack) if arm == "autoscaled" else []
+            if args.out is not None:
+                n = save_log_lines(stack.log_dir, args.out / f"{arm}-log-lines.txt")
+                log(f"arm {arm}: {n} Ray/vLLM log lines on replica starts, engines and errors -> {arm}-log-lines.txt")
         finally:
             ray.shutdown()
     events = [
@@ -385,6 +437,20 @@ def replica_seconds(timeline: list[dict[str, Any]], role: str) -> float:
     return total
 
 
+def replica_starts(timeline: list[dict[str, Any]], role: str) -> list[dict[str, float]]:
+    """Each replica start of the role seen in the samples: when Serve first showed it starting, and the seconds until
+    the role's RUNNING count rose (the capacity a scale-up adds arrives that late)."""
+    out, began, prev = [], None, None
+    for s in timeline:
+        if began is None and s["starting"][role] > 0:
+            began = s["t_s"]
+        if began is not None and prev is not None and s["replicas"][role] > prev:
+            out.append({"t_s": began, "seconds": round(s["t_s"] - began, 1)})
+            began = s["t_s"] if s["starting"][role] > 0 else None
+        prev = s["replicas"][role]
+    return out
+
+
 def arm_figures(arm: dict[str, Any], loaded: list[str], ttft_s: float, tpot_s: float) -> dict[str, Any]:
     rs = arm["requests"]
     out: dict[str, Any] = {"requests": len(rs), "failed": sum(1 for r in rs if r["error"]),
@@ -403,6 +469,7 @@ def arm_figures(arm: dict[str, Any], loaded: list[str], ttft_s: float, tpot_s: f
         }
     out["replica_seconds"] = {role: round(replica_seconds(arm["timeline"], role)) for role in ROLES}
     out["max_replicas"] = {role: max((s["replicas"][role] for s in arm["timeline"]), default=0) for role in ROLES}
+    out["replica_starts"] = {role: replica_starts(arm["timeline"], role) for role in ROLES}
     return out
 
 
@@ -546,7 +613,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
 
     started = time.monotonic()
-    out = args.out or REPO_ROOT / "bench" / "out" / f"autoscaling-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out = args.out or REPO_ROOT / "bench" / "out" / f"autoscaling-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.autoscaling " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     (out / "commands.txt").write_text(
