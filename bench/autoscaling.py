@@ -72,7 +72,11 @@ ARMS = ("fixed", "autoscaled")
 ROLES = ("prefill", "decode")
 DEFAULT_PHASES = "idle-start:20,prefill-heavy:180,decode-heavy:180,idle-end:100"
 PUSH_INTERVAL_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"}  # as the e2e test
-FLOATING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+# One floating OpenMP thread per engine; inductor compiles its few CPU kernels (the sampler's) in the engine's own
+# process rather than in a pool of one worker per core (on a 16-core machine 16 torch-importing processes per engine
+# start, competing with the engines already serving: suspected in the first 16-core run,
+# bench/results/2026-12-06-h100host-cpu-autoscaling-partial).
+FLOATING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 SAMPLE_EVERY_S = 2.0
 SETTLE_QUIET_S = 16.0  # one replica per role this long before the load starts: more than the policy's 12-s look-back
 
