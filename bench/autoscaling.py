@@ -29,7 +29,8 @@ stack's warm-up requests can make the policy scale prefill up just before the lo
 (RUNNING, and starting) are sampled from serve.status() every 2 s, with each role's engine queues (vLLM's waiting
 and running gauges from the role's node, results.json `timeline[].engines`); the coupled policy's decisions come
 from its RLD_AUTOSCALE lines in the Serve controller's log. Each arm also keeps the Ray/vLLM log lines on replica
-starts, engines and errors (`<arm>-log-lines.txt`).
+starts, engines and errors (`<arm>-log-lines.txt`), and while an arm runs, what it has measured so far
+(`<arm>-partial.json`, every 30 s, removed when the arm ends: a lent machine's time can end mid-arm).
 
 Engine threads: by default each engine runs one OpenMP thread that the OS places (`--engine-threads floating`:
 VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1), in both arms. The local stack's usual binding (`pinned`:
@@ -78,6 +79,7 @@ PUSH_INTERVAL_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"
 # bench/results/2026-12-06-h100host-cpu-autoscaling-partial).
 FLOATING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 SAMPLE_EVERY_S = 2.0
+CHECKPOINT_EVERY_S = 30.0
 SETTLE_QUIET_S = 16.0  # one replica per role this long before the load starts: more than the policy's 12-s look-back
 
 
@@ -298,6 +300,27 @@ class Sampler(threading.Thread):
             self.stop.wait(SAMPLE_EVERY_S)
 
 
+class Checkpoint:
+    """The arm so far (finished requests, replica samples) in `<arm>-partial.json` every CHECKPOINT_EVERY_S: a run
+    cut short (a lent machine's time runs out mid-arm) still leaves what it measured. Removed when the arm ends."""
+
+    def __init__(self, path: Optional[Path], arm: str, sampler: "Sampler", futures: list[Any]) -> None:
+        self.path, self.arm, self.sampler, self.futures = path, arm, sampler, futures
+        self.last = time.monotonic()
+
+    def maybe(self) -> None:
+        if self.path is None or time.monotonic() - self.last < CHECKPOINT_EVERY_S:
+            return
+        self.last = time.monotonic()
+        done = [f.result() for f in list(self.futures) if f.done()]
+        self.path.write_text(json.dumps({"arm": self.arm, "requests_sent": len(self.futures), "requests": done,
+                                         "timeline": list(self.sampler.samples)}))
+
+    def remove(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
 def settle(arm: str, quiet_s: float, max_s: float) -> float:
     """Wait until each role has exactly one replica RUNNING and none starting, `quiet_s` seconds in a row (the
     policy's look-back and more), so both arms start their load from the same steady state: the stack's own
@@ -377,8 +400,9 @@ def run_arm(arm: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
             sampler.start()
             results: list[dict[str, Any]] = []
             with ThreadPoolExecutor(max_workers=args.max_in_flight) as pool:
-                futures = []
+                futures: list[Any] = []
                 current = None
+                checkpoint = Checkpoint(args.out / f"{arm}-partial.json" if args.out else None, arm, sampler, futures)
                 for req in requests:
                     if req["phase"] != current:
                         current = req["phase"]
@@ -387,11 +411,14 @@ def run_arm(arm: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
                     if delay > 0:
                         time.sleep(delay)
                     futures.append(pool.submit(send, url, req, t0))
+                    checkpoint.maybe()
                 # the rest of the last phase (idle): keep sampling the replicas
                 end = sum(p.seconds for p in phases)
-                while time.perf_counter() - t0 < end:
+                while time.perf_counter() - t0 < end or not all(f.done() for f in futures):
                     time.sleep(0.5)
+                    checkpoint.maybe()
                 results = [f.result() for f in futures]
+                checkpoint.remove()
             sampler.stop.set()
             sampler.join(timeout=30)
             load_after = os.getloadavg()

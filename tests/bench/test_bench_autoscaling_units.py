@@ -59,3 +59,23 @@ def test_engine_gauges_sum_every_engine_of_the_node() -> None:
         'ray_vllm_num_requests_waiting_by_reason{reason="x"} 99.0',
     ])
     assert engine_gauges(text) == {"waiting": 7.0, "running": 2.0}
+
+
+def test_a_checkpoint_keeps_the_finished_requests_and_goes_when_the_arm_ends(tmp_path, monkeypatch) -> None:
+    import json
+    from concurrent.futures import Future
+
+    import bench.autoscaling as bench
+
+    monkeypatch.setattr(bench, "CHECKPOINT_EVERY_S", 0.0)
+    done, pending = Future(), Future()
+    done.set_result({"i": 0, "error": None})
+    sampler = type("S", (), {"samples": [{"t_s": 0.0}]})()
+    path = tmp_path / "autoscaled-partial.json"
+    cp = bench.Checkpoint(path, "autoscaled", sampler, [done, pending])
+    cp.maybe()
+    saved = json.loads(path.read_text())
+    assert saved["requests"] == [{"i": 0, "error": None}] and saved["requests_sent"] == 2
+    assert saved["timeline"] == [{"t_s": 0.0}]
+    cp.remove()
+    assert not path.exists()
