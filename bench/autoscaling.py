@@ -54,7 +54,6 @@ import statistics
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +67,7 @@ from devstack.stack import LocalStack, log
 from serve_app.autoscaling.ray_policy import LOG_PREFIX
 from tests.autoscaling.conftest import APP, COUPLED, DOWNSCALE_DELAY_S, ROLE
 from tests.autoscaling.test_e2e_coupled import DEPLOYMENT, WORDS, decisions
+from tests.serve_app.serve_helpers import scrape, total
 
 ARMS = ("fixed", "autoscaled")
 ROLES = ("prefill", "decode")
@@ -244,20 +244,9 @@ def engine_queues(metrics_urls: dict[str, str]) -> dict[str, dict[str, float]]:
     same figures in both arms (the fixed arm has no policy logging them)."""
     out = {}
     for role, url in metrics_urls.items():
-        with urllib.request.urlopen(url, timeout=5) as response:
-            out[role] = engine_gauges(response.read().decode(errors="replace"))
+        series = scrape(url)
+        out[role] = {key: float(total(series, name)) for key, name in ENGINE_GAUGES.items()}  # none: idle engines
     return out
-
-
-def engine_gauges(text: str) -> dict[str, float]:
-    """ENGINE_GAUGES summed over every series in a Prometheus text exposition."""
-    sums = {k: 0.0 for k in ENGINE_GAUGES}
-    for line in text.splitlines():
-        for key, name in ENGINE_GAUGES.items():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                rest = line[line.rindex("}") + 1:] if line.startswith(name + "{") else line[len(name):]
-                sums[key] += float(rest.split()[0])
-    return sums
 
 
 # Ray and vLLM log lines that say where a replica's start and an engine's time went (saved per arm: the stack's
@@ -436,8 +425,7 @@ def run_arm(arm: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     failed = sum(1 for r in results if r["error"])
     log(f"arm {arm}: {len(results)} requests, {failed} failed; {len(events)} scale decisions")
     return {"arm": arm, "overrides": overrides, "startup_s": round(startup_s, 1), "settle_s": settle_s,
-            "loadavg_before": load_before,
-            "loadavg_after": load_after, "timeline": sampler.samples, "scale_events": events, "requests": results}
+            "loadavg_before": load_before, "loadavg_after": load_after, "timeline": sampler.samples, "scale_events": events, "requests": results}
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -693,7 +681,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "slo_attainment": {arm: round(attainment(v["requests"], args.ttft_slo_s, args.tpot_slo_s), 4)
                            for arm, v in arms.items()},
         "arms": {arm: {**arm_figures(v, loaded, args.ttft_slo_s, args.tpot_slo_s),
-                       "startup_s": v["startup_s"], "settle_s": v.get("settle_s"), "loadavg_before": v["loadavg_before"],
+                       "startup_s": v["startup_s"], "settle_s": v["settle_s"], "loadavg_before": v["loadavg_before"],
                        "loadavg_after": v["loadavg_after"], "scale_events": v["scale_events"]}
                  for arm, v in arms.items()},
     }

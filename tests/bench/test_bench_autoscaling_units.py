@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.autoscaling import arm_overrides, capacities, engine_gauges, parse_phases, replica_starts, with_capacity
+from bench.autoscaling import arm_overrides, capacities, parse_phases, replica_starts, with_capacity
 from devstack.serve_config import local_app_args, with_overrides
 from serve_app.builder import llm_configs, parse_app_config
 
@@ -48,17 +48,6 @@ def test_replica_starts_are_timed_from_the_first_starting_sample_to_the_running_
     timeline = [at(0, 1, 0), at(2, 1, 1), at(4, 1, 1), at(6, 2, 0), at(8, 2, 0), at(10, 1, 0), at(12, 1, 1), at(14, 1, 1)]
     assert replica_starts(timeline, "prefill") == [{"t_s": 2, "seconds": 4}]  # the second start never finished
     assert replica_starts(timeline, "decode") == []
-
-
-def test_engine_gauges_sum_every_engine_of_the_node() -> None:
-    text = "\n".join([
-        "# TYPE ray_vllm_num_requests_waiting gauge",
-        'ray_vllm_num_requests_waiting{engine="0",model_name="tiny",WorkerId="a"} 3.0',
-        'ray_vllm_num_requests_waiting{engine="0",model_name="tiny",WorkerId="b"} 4.0',
-        'ray_vllm_num_requests_running{engine="0",model_name="tiny"} 2.0',
-        'ray_vllm_num_requests_waiting_by_reason{reason="x"} 99.0',
-    ])
-    assert engine_gauges(text) == {"waiting": 7.0, "running": 2.0}
 
 
 def test_a_checkpoint_keeps_the_finished_requests_and_goes_when_the_arm_ends(tmp_path, monkeypatch) -> None:
