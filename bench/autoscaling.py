@@ -251,7 +251,10 @@ def engine_queues(metrics_urls: dict[str, str]) -> dict[str, dict[str, float]]:
 
 # Ray and vLLM log lines that say where a replica's start and an engine's time went (saved per arm: the stack's
 # logs go with it)
-LOG_MARKERS = ("Started initializing replica", "Using executor class", "Resolved architecture", "Loading weights took",
+# Each step of a replica's start (the Serve controller adding it, the replica's init, vLLM's engine: architecture,
+# weights, compilation, memory profile, KV cache, NIXL) and errors: where a slow start spent its time.
+LOG_MARKERS = ("Adding ", "Removing ", "initializing replica", "Importing application", "Using executor class",
+               "Resolved architecture", "Loading weights took", "Model loading took", "ompil", "Memory profiling",
                "init engine", "KV cache size", "NIXL", "handshake", "Traceback", "ERROR ", "idle CPU", LOG_PREFIX)
 
 
