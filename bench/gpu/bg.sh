@@ -6,6 +6,9 @@
 #   bench/gpu/bg.sh wait DIR SECONDS   wait until CMD ends or SECONDS pass; print its progress lines and the log's end
 #   bench/gpu/bg.sh pack DIR DEST      DEST/<name>.tar.xz of DIR (the bench's --out folder inside DIR/out included),
 #                                      plus the engines' scheduler/throughput log lines, for the files that come back
+#   bench/gpu/bg.sh follow DIR DEST SECONDS [EVERY]
+#                                      wait as `wait` does, packing into DEST every EVERY seconds (default 60) and at
+#                                      the end: a call cut short by the session's device time still returns the last pack
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cmd=${1:?start|wait|pack}
@@ -33,6 +36,17 @@ case "$cmd" in
       "$dir" /tmp/rld-*/session_latest/logs 2>/dev/null | cut -c1-400 | tail -3000 > "$dir/engine-log-lines.txt" || true
     tar -cf - -C "$dir" --exclude='*/model' . | xz -T0 -6 > "$dest/$(basename "$dir").tar.xz"
     ls -la "$dest"
+    ;;
+  follow)
+    dest=${3:?DEST}
+    deadline=$((SECONDS + ${4:?SECONDS})) every=${5:-60}
+    while [ ! -f "$dir/rc" ] && [ "$SECONDS" -lt "$deadline" ]; do
+      next=$((SECONDS + every))
+      while [ ! -f "$dir/rc" ] && [ "$SECONDS" -lt "$next" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 5; done
+      "$0" pack "$dir" "$dest" > /dev/null
+    done
+    "$0" pack "$dir" "$dest" > /dev/null
+    "$0" wait "$dir" 0
     ;;
   *) echo "unknown command $cmd (see the header of $0)" >&2; exit 2 ;;
 esac
