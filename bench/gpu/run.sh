@@ -90,6 +90,9 @@ fi
 "$PY" -c "import torch, vllm, ray; assert torch.cuda.is_available(), 'no CUDA GPU'; \
 print(f'torch {torch.__version__} vllm {vllm.__version__} ray {ray.__version__} on {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}')" >&2
 if [ -n "$cpu_engines" ]; then
+  # No process of the CPU bench sees the GPU, as on the CPU machines it also runs on: torch's CUDA build otherwise
+  # initialises CUDA in every process that asks, UCX loads its CUDA transports, and Ray counts a GPU.
+  export CUDA_VISIBLE_DEVICES=""
   "$PY" -c "from vllm.platforms import current_platform as p; assert p.is_cpu(), p; print(f'vLLM platform: {type(p).__name__}')" >&2
 fi
 exec "$PY" -m "${BENCH:-bench.gpu}" "$@"
