@@ -14,6 +14,12 @@ contention: bench/results/2026-12-05-cpu-autoscaling-xeon). `--probe` first meas
 per role on this machine (requests one at a time), and a phase rate written `x1.5` is then 1.5 times it: engine
 speed differs ~10x between the 2-core machines this ran on, so absolute rates do not carry over.
 
+`--side-by-side` runs both arms at once instead, on one stack: each arm an app of its own (routes /fixed and
+/autoscaled), both sent each request at the same instant. One stack start instead of two (on a lent machine
+minutes of its time), and both arms see the same machine at the same moments; it needs a core for every engine of
+both arms (up to six) besides Ray and the load, and the arms still share the role nodes' cores, so a replica the
+policy starts competes with the fixed arm's engines as much as with its own.
+
 Both get the same open-loop load, request for request (seeded Poisson arrivals, seeded prompts):
 
   idle-start     nothing
@@ -217,11 +223,11 @@ def send(url: str, req: dict[str, Any], t0: float) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ replicas
 
-def replica_counts() -> dict[str, dict[str, int]]:
-    """Per role: replicas RUNNING, and replicas Serve is bringing up (any state before RUNNING)."""
+def replica_counts(app: str = APP) -> dict[str, dict[str, int]]:
+    """Per role of `app`: replicas RUNNING, and replicas Serve is bringing up (any state before RUNNING)."""
     from ray import serve
 
-    status = serve.status().applications.get(APP)
+    status = serve.status().applications.get(app)
     out = {"running": {r: 0 for r in ROLES}, "starting": {r: 0 for r in ROLES}}
     if status is None:
         return out
@@ -270,23 +276,32 @@ def save_log_lines(log_dir: Path, path: Path, limit: int = 20000) -> int:
 
 
 class Sampler(threading.Thread):
-    def __init__(self, phases: list[Phase], t0: float, metrics_urls: dict[str, str]) -> None:
+    """Every SAMPLE_EVERY_S: each app's replicas per role (`timelines[app]`), with the role nodes' engine queues (on
+    a side-by-side run both apps' engines share a role's node, so those are the two apps' together)."""
+
+    def __init__(self, phases: list[Phase], t0: float, metrics_urls: dict[str, str], apps: list[str]) -> None:
         super().__init__(daemon=True)
-        self.phases, self.t0, self.samples, self.metrics_urls = phases, t0, [], metrics_urls
+        self.phases, self.t0, self.metrics_urls = phases, t0, metrics_urls
+        self.timelines: dict[str, list[dict[str, Any]]] = {app: [] for app in apps}
         self.stop = threading.Event()
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:  # the one app's (a run of one arm at a time)
+        return next(iter(self.timelines.values()))
 
     def run(self) -> None:
         while not self.stop.is_set():
             t = time.perf_counter() - self.t0
             try:
-                c = replica_counts()
-                sample = {"t_s": round(t, 1), "phase": phase_at(self.phases, t), "replicas": c["running"],
-                          "starting": c["starting"]}
+                engines: dict[str, Any] = {}
                 try:
-                    sample["engines"] = engine_queues(self.metrics_urls)
+                    engines["engines"] = engine_queues(self.metrics_urls)
                 except Exception as exc:  # noqa: BLE001 - the engines' queues are context, not the result
-                    sample["engines_error"] = f"{type(exc).__name__}: {exc}"[:200]
-                self.samples.append(sample)
+                    engines["engines_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                for app, timeline in self.timelines.items():
+                    c = replica_counts(app)
+                    timeline.append({"t_s": round(t, 1), "phase": phase_at(self.phases, t), "replicas": c["running"],
+                                     "starting": c["starting"], **engines})
             except Exception as exc:  # noqa: BLE001 - a missed sample is a gap, not a failed run
                 log(f"replica sample failed: {type(exc).__name__}: {exc}")
             self.stop.wait(SAMPLE_EVERY_S)
@@ -296,8 +311,8 @@ class Checkpoint:
     """The arm so far (finished requests, replica samples) in `<arm>-partial.json` every CHECKPOINT_EVERY_S: a run
     cut short (a lent machine's time runs out mid-arm) still leaves what it measured. Removed when the arm ends."""
 
-    def __init__(self, path: Optional[Path], arm: str, sampler: "Sampler", futures: list[Any]) -> None:
-        self.path, self.arm, self.sampler, self.futures = path, arm, sampler, futures
+    def __init__(self, path: Optional[Path], arm: str, timeline: list[dict[str, Any]], futures: list[Any]) -> None:
+        self.path, self.arm, self.timeline, self.futures = path, arm, timeline, futures
         self.last = time.monotonic()
 
     def maybe(self) -> None:
@@ -306,14 +321,14 @@ class Checkpoint:
         self.last = time.monotonic()
         done = [f.result() for f in list(self.futures) if f.done()]
         self.path.write_text(json.dumps({"arm": self.arm, "requests_sent": len(self.futures), "requests": done,
-                                         "timeline": list(self.sampler.samples)}))
+                                         "timeline": list(self.timeline)}))
 
     def remove(self) -> None:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
 
 
-def settle(arm: str, quiet_s: float, max_s: float) -> float:
+def settle(arm: str, quiet_s: float, max_s: float, apps: tuple[str, ...] = (APP,)) -> float:
     """Wait until each role has exactly one replica RUNNING and none starting, `quiet_s` seconds in a row (the
     policy's look-back and more), so both arms start their load from the same steady state: the stack's own
     warm-up requests (a fresh engine's first prompt is slow) can otherwise make the coupled policy scale prefill
@@ -321,14 +336,15 @@ def settle(arm: str, quiet_s: float, max_s: float) -> float:
     t0 = time.monotonic()
     quiet_since = None
     while time.monotonic() - t0 < max_s:
-        c = replica_counts()
-        steady = all(c["running"][r] == 1 and c["starting"][r] == 0 for r in ROLES)
+        counts = [replica_counts(app) for app in apps]
+        steady = all(c["running"][r] == 1 and c["starting"][r] == 0 for c in counts for r in ROLES)
         now = time.monotonic()
         quiet_since = (quiet_since or now) if steady else None
         if quiet_since is not None and now - quiet_since >= quiet_s:
             return round(now - t0, 1)
         time.sleep(1.0)
-    raise SystemExit(f"arm {arm}: the replicas did not settle at one per role within {max_s:.0f} s: {replica_counts()}")
+    raise SystemExit(f"arm {arm}: the replicas did not settle at one per role within {max_s:.0f} s: "
+                     f"{ {app: replica_counts(app) for app in apps} }")
 
 
 # ------------------------------------------------------------------------------------------------ one arm
@@ -366,58 +382,75 @@ def arm_overrides(arm: str, engine_threads: str, targets: str = "test", ttft_slo
 Plan = Callable[[str], tuple[list[Phase], list[dict[str, Any]]]]
 
 
-def run_arm(arm: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
-    """One arm on a fresh stack. `plan(url)`, called once the replicas have settled, returns the phases and the
-    requests (the same for both arms: the first call may probe the fixed arm's stack to size them)."""
+def run_arms(arms: list[str], plan: Plan, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """`arms` on one fresh stack, loaded at the same time: one arm (the default: the arms one after the other, each on
+    a stack of its own), or every arm side by side (`--side-by-side`: each arm an app of its own on the one stack,
+    both sent the same requests at the same instants). `plan(url)`, called once the replicas have settled, returns
+    the phases and the requests (the same for every arm: the first call may probe the fixed arm to size them)."""
     import ray
 
-    overrides = arm_overrides(arm, args.engine_threads, args.targets, args.ttft_slo_s, args.tpot_slo_s,
-                              args.decode_max_seqs)
-    stack = LocalStack(apps={APP: ("/", "disaggregated")}, ports=BENCH, api_keys=(BENCH_API_KEY,),
-                       overrides={APP: overrides}, cluster_env=dict(PUSH_INTERVAL_ENV))
-    log(f"arm {arm}: starting the stack (overrides {json.dumps(overrides)})")
+    overrides = {arm: arm_overrides(arm, args.engine_threads, args.targets, args.ttft_slo_s, args.tpot_slo_s,
+                                    args.decode_max_seqs) for arm in arms}
+    # one arm: the app and route every test and the demo use; side by side: an app per arm
+    apps = {APP: arms[0]} if len(arms) == 1 else {arm: arm for arm in arms}
+    stack = LocalStack(apps={app: ("/" if app == APP else f"/{app}", "disaggregated") for app in apps}, ports=BENCH,
+                       api_keys=(BENCH_API_KEY,), overrides={app: overrides[arm] for app, arm in apps.items()},
+                       cluster_env=dict(PUSH_INTERVAL_ENV))
+    label = "+".join(arms)
+    for arm in arms:
+        log(f"arm {arm}: starting the stack (overrides {json.dumps(overrides[arm])})")
     t_start = time.monotonic()
     with stack.running(deploy_timeout_s=900):
         startup_s = time.monotonic() - t_start
         ray.init(address=stack.cluster.address, logging_level="WARNING", log_to_driver=False)
         try:
-            settle_s = settle(arm, SETTLE_QUIET_S, 300)
-            log(f"arm {arm}: one replica per role for {SETTLE_QUIET_S:.0f} s ({settle_s} s after the stack was up)")
-            url = stack.base_url(APP)
-            phases, requests = plan(url)
+            settle_s = settle(label, SETTLE_QUIET_S, 300, tuple(apps))
+            log(f"arm {label}: one replica per role for {SETTLE_QUIET_S:.0f} s ({settle_s} s after the stack was up)")
+            urls = {arm: stack.base_url(app) for app, arm in apps.items()}
+            phases, requests = plan(urls.get("fixed", next(iter(urls.values()))))
             load_before = os.getloadavg()
             t0 = time.perf_counter()
             t0_wall = time.time()
-            sampler = Sampler(phases, t0, {role: stack.cluster.metrics_url(role) for role in ROLES})
+            sampler = Sampler(phases, t0, {role: stack.cluster.metrics_url(role) for role in ROLES}, list(apps))
             sampler.start()
-            results: list[dict[str, Any]] = []
-            with ThreadPoolExecutor(max_workers=args.max_in_flight) as pool:
-                futures: list[Any] = []
+            timeline_of = {arm: sampler.timelines[app] for app, arm in apps.items()}
+            futures: dict[str, list[Any]] = {arm: [] for arm in arms}
+            checkpoints = [Checkpoint(args.out / f"{arm}-partial.json" if args.out else None, arm, timeline_of[arm],
+                                      futures[arm]) for arm in arms]
+            pools = {arm: ThreadPoolExecutor(max_workers=args.max_in_flight) for arm in arms}  # one per arm
+            try:
                 current = None
-                checkpoint = Checkpoint(args.out / f"{arm}-partial.json" if args.out else None, arm, sampler, futures)
                 for req in requests:
                     if req["phase"] != current:
                         current = req["phase"]
-                        log(f"arm {arm}: {current} (t={req['t_sched']:.0f} s)")
+                        log(f"arm {label}: {current} (t={req['t_sched']:.0f} s)")
                     delay = t0 + req["t_sched"] - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
-                    futures.append(pool.submit(send, url, req, t0))
-                    checkpoint.maybe()
+                    for arm in arms:
+                        futures[arm].append(pools[arm].submit(send, urls[arm], req, t0))
+                    for c in checkpoints:
+                        c.maybe()
                 # the rest of the last phase (idle): keep sampling the replicas
                 end = sum(p.seconds for p in phases)
-                while time.perf_counter() - t0 < end or not all(f.done() for f in futures):
+                while time.perf_counter() - t0 < end or not all(f.done() for fs in futures.values() for f in fs):
                     time.sleep(0.5)
-                    checkpoint.maybe()
-                results = [f.result() for f in futures]
-                checkpoint.remove()
+                    for c in checkpoints:
+                        c.maybe()
+                results = {arm: [f.result() for f in futures[arm]] for arm in arms}
+                for c in checkpoints:
+                    c.remove()
+            finally:
+                for pool in pools.values():
+                    pool.shutdown(wait=False, cancel_futures=True)
             sampler.stop.set()
             sampler.join(timeout=30)
             load_after = os.getloadavg()
-            policy = decisions(stack) if arm == "autoscaled" else []
+            policy = decisions(stack) if "autoscaled" in arms else []
             if args.out is not None:
-                n = save_log_lines(stack.log_dir, args.out / f"{arm}-log-lines.txt")
-                log(f"arm {arm}: {n} Ray/vLLM log lines on replica starts, engines and errors -> {arm}-log-lines.txt")
+                n = save_log_lines(stack.log_dir, args.out / f"{'-'.join(arms)}-log-lines.txt")
+                log(f"arm {label}: {n} Ray/vLLM log lines on replica starts, engines and errors -> "
+                    f"{'-'.join(arms)}-log-lines.txt")
         finally:
             ray.shutdown()
     events = [
@@ -425,10 +458,16 @@ def run_arm(arm: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
          "why": d["line"].split(" | ", 1)[0].split(LOG_PREFIX, 1)[-1].strip()}
         for d in policy for role in ROLES if d["roles"][role]["from"] != d["roles"][role]["to"]
     ]
-    failed = sum(1 for r in results if r["error"])
-    log(f"arm {arm}: {len(results)} requests, {failed} failed; {len(events)} scale decisions")
-    return {"arm": arm, "overrides": overrides, "startup_s": round(startup_s, 1), "settle_s": settle_s,
-            "loadavg_before": load_before, "loadavg_after": load_after, "timeline": sampler.samples, "scale_events": events, "requests": results}
+    out = {}
+    for arm in arms:
+        failed = sum(1 for r in results[arm] if r["error"])
+        arm_events = events if arm == "autoscaled" else []
+        log(f"arm {arm}: {len(results[arm])} requests, {failed} failed; {len(arm_events)} scale decisions")
+        out[arm] = {"arm": arm, "overrides": overrides[arm], "side_by_side": len(arms) > 1,
+                    "startup_s": round(startup_s, 1), "settle_s": settle_s, "loadavg_before": load_before,
+                    "loadavg_after": load_after, "timeline": timeline_of[arm], "scale_events": arm_events,
+                    "requests": results[arm]}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -630,6 +669,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "fast-trigger COUPLED (test)")
     ap.add_argument("--decode-max-seqs", type=int, default=None, help="decode's max_num_seqs in both arms: a "
                     "sequence bound like a GPU's KV cache (default: the engine's)")
+    ap.add_argument("--side-by-side", action="store_true", help="run the arms at the same time on one stack, each "
+                    "an app of its own, sent the same requests at the same instants (one stack start, not one per "
+                    "arm; the arms share the machine's cores, so it needs a core per engine of both)")
     ap.add_argument("--probe", action="store_true", help="first measure one replica's capacity per role on this "
                     "machine; phase rates written x<k> are then k times it")
     args = ap.parse_args(argv)
@@ -643,9 +685,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"# flock /tmp/rld-stack.lock nice -n 10 $(hack/pyenv.sh python) -m bench.autoscaling ...\n{command}\n")
     rates = {"prefill": args.prefill_rate, "decode": args.decode_rate}
     arm_names = args.arms.split(",")
-    # The probe runs on the fixed arm's stack when that arm comes first (settled, before its load: one stack start
+    # The probe runs on the fixed arm's stack when that arm's stack starts first (settled, before its load: one stack start
     # fewer), else on a stack of its own with the fixed arm's settings.
-    planned: dict[str, Any] = {"probe": probe(args) if args.probe and arm_names[0] != "fixed" else None}
+    first_stack = arm_names if args.side_by_side else arm_names[:1]
+    planned: dict[str, Any] = {"probe": probe(args) if args.probe and "fixed" not in first_stack else None}
 
     def plan(url: str) -> tuple[list[Phase], list[dict[str, Any]]]:
         if "requests" not in planned:
@@ -662,8 +705,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     with_capacity(parse_phases(args.phases), {} if not args.probe else
                   {"prefill": 1.0, **({"decode": 1.0} if args.decode_max_seqs else {})})
     arms: dict[str, dict[str, Any]] = {}
-    for arm in arm_names:
-        arms[arm] = run_arm(arm, plan, args)
+    for group in [arm_names] if args.side_by_side else [[arm] for arm in arm_names]:
+        arms.update(run_arms(group, plan, args))
         (out / "results.json").write_text(json.dumps(arms))  # after each arm: a later failure keeps it
     phases, requests, probed = planned["phases"], planned["requests"], planned["probe"]
 
@@ -671,7 +714,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     s: dict[str, Any] = {
         "what": "coupled prefill/decode autoscaling vs fixed replicas, same open-loop phased load (bench/autoscaling.py)",
         "machine": machine(), "versions": versions(), "model": "tiny random-weight Llama (devstack/tiny_model.py), CPU",
-        "engine_threads": args.engine_threads,
+        "engine_threads": args.engine_threads, "side_by_side": args.side_by_side,
         "phases": [{"name": p.name, "seconds": p.seconds, "load": p.kind, "times_capacity": p.times_capacity,
                     "rate_per_s": p.rate if p.rate is not None else rates.get(p.kind or "", 0.0)} for p in phases],
         "rates_per_s": rates, "requests_per_arm": len(requests), "seed": args.seed,

@@ -59,9 +59,8 @@ def test_a_checkpoint_keeps_the_finished_requests_and_goes_when_the_arm_ends(tmp
     monkeypatch.setattr(bench, "CHECKPOINT_EVERY_S", 0.0)
     done, pending = Future(), Future()
     done.set_result({"i": 0, "error": None})
-    sampler = type("S", (), {"samples": [{"t_s": 0.0}]})()
     path = tmp_path / "autoscaled-partial.json"
-    cp = bench.Checkpoint(path, "autoscaled", sampler, [done, pending])
+    cp = bench.Checkpoint(path, "autoscaled", [{"t_s": 0.0}], [done, pending])
     cp.maybe()
     saved = json.loads(path.read_text())
     assert saved["requests"] == [{"i": 0, "error": None}] and saved["requests_sent"] == 2
