@@ -87,6 +87,7 @@ else
   PY=$venv/bin/python
 fi
 
+t0=$SECONDS
 "$PY" -c "import torch, vllm, ray; assert torch.cuda.is_available(), 'no CUDA GPU'; \
 print(f'torch {torch.__version__} vllm {vllm.__version__} ray {ray.__version__} on {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}')" >&2
 if [ -n "$cpu_engines" ]; then
@@ -95,4 +96,8 @@ if [ -n "$cpu_engines" ]; then
   export CUDA_VISIBLE_DEVICES=""
   "$PY" -c "from vllm.platforms import current_platform as p; assert p.is_cpu(), p; print(f'vLLM platform: {type(p).__name__}')" >&2
 fi
+# the second import of the stack shows what each process of it pays at start (the first also writes the .pyc files
+# the bundle leaves out)
+t1=$SECONDS; "$PY" -c "import vllm.entrypoints.openai.api_server, ray.serve.llm"
+log "imports: first $((t1 - t0)) s (checks), then vllm's server + ray.serve.llm in $((SECONDS - t1)) s"
 exec "$PY" -m "${BENCH:-bench.gpu}" "$@"
