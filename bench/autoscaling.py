@@ -648,8 +648,8 @@ def versions() -> dict[str, str]:
 
 
 def arms_from_partial(out: Path, planned: dict[str, Any], rates: dict[str, float], seed: int) -> dict[str, Any]:
-    """The arms of a run cut short, from what it left in `out`: plan.json (phases, probe) and each arm's last
-    checkpoint. The schedule is rebuilt from the phases and the seed (the same requests the run sent); a request the
+    """The arms of a run cut short, from what it left in `out`: plan.json (phases, probe), the arms it finished
+    (results.json) and each unfinished arm's last checkpoint. The schedule is rebuilt from the phases and the seed (the same requests the run sent); a request the
     arm had sent but not finished is a miss (its error says so), one it had not sent yet is not counted."""
     plan = json.loads((out / "plan.json").read_text())
     phases = [Phase(**p) for p in plan["phases"]]
@@ -658,7 +658,9 @@ def arms_from_partial(out: Path, planned: dict[str, Any], rates: dict[str, float
         raise SystemExit(f"--from-partial: {len(requests)} requests from the phases and seed, {plan['requests_per_arm']} "
                          "in plan.json: give the cut run's --seed and rates")
     planned.update(phases=phases, requests=requests, probe=plan["probe"])
-    arms: dict[str, Any] = {}
+    # arms that finished before the cut (one arm at a time: the first) are whole in results.json
+    results = out / "results.json"
+    arms: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {}
     for path in sorted(out.glob("*-partial.json")):
         part = json.loads(path.read_text())
         done = {r["i"]: r for r in part["requests"]}
@@ -672,8 +674,9 @@ def arms_from_partial(out: Path, planned: dict[str, Any], rates: dict[str, float
                              "requests": sorted([*done.values(), *unfinished], key=lambda r: r["i"])}
     if not arms:
         raise SystemExit(f"--from-partial: no <arm>-partial.json in {out}")
-    log(f"from the checkpoints in {out}: " + ", ".join(f"{a} {len(v['requests'])} requests (cut at t={v['cut_at_s']} s)"
-                                                        for a, v in arms.items()))
+    log(f"from {out}: " + ", ".join(f"{a} {len(v['requests'])} requests ("
+                                    + (f"cut at t={v['cut_at_s']} s)" if "cut_at_s" in v else "finished)")
+                                    for a, v in arms.items()))
     return arms
 
 

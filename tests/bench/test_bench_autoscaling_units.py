@@ -92,3 +92,6 @@ def test_a_cut_run_counts_its_sent_but_unfinished_requests_as_misses_and_leaves_
     assert planned["requests"] == requests
     with pytest.raises(SystemExit, match="give the cut run's --seed"):
         bench.arms_from_partial(tmp_path, {}, {}, seed=4)
+    (tmp_path / "results.json").write_text(json.dumps({"autoscaled": {"arm": "autoscaled", "requests": finished}}))
+    both = bench.arms_from_partial(tmp_path, {}, {}, seed=3)  # an arm that finished before the cut is kept whole
+    assert both["autoscaled"]["requests"] == finished and len(both["fixed"]["requests"]) == 8
