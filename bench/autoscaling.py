@@ -61,12 +61,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from bench.paired import stream_once
 from bench.servers import BENCH_API_KEY, REPO_ROOT
+from devstack.cluster import DEFAULT_NODES, NodeSpec
 from devstack.ports import BENCH
 from devstack.serve_config import MODEL_ID
 from devstack.stack import LocalStack, log
@@ -261,7 +262,8 @@ def engine_queues(metrics_urls: dict[str, str]) -> dict[str, dict[str, float]]:
 # weights, compilation, memory profile, KV cache, NIXL) and errors: where a slow start spent its time.
 LOG_MARKERS = ("Adding ", "Removing ", "initializing replica", "Importing application", "Using executor class",
                "Resolved architecture", "Loading weights took", "Model loading took", "ompil", "Memory profiling",
-               "init engine", "KV cache size", "NIXL", "handshake", "Traceback", "ERROR ", "idle CPU", LOG_PREFIX)
+               "init engine", "KV cache size", "NIXL", "handshake", "taken more than", "Traceback", "ERROR ",
+               "idle CPU", LOG_PREFIX)
 
 
 def save_log_lines(log_dir: Path, path: Path, limit: int = 20000) -> int:
@@ -379,6 +381,21 @@ def arm_overrides(arm: str, engine_threads: str, targets: str = "test", ttft_slo
     return out
 
 
+# Ray CPUs a CPU-engine replica reserves: Ray Serve LLM puts the replica actor (1 CPU) in the engine worker's bundle
+# (CPU 1), one placement group bundle of 2 CPUs on the role's node.
+CPUS_PER_REPLICA = 2
+
+
+def role_nodes(overrides: dict[str, dict[str, Any]]) -> tuple[NodeSpec, ...]:
+    """The stack's Ray nodes with room on each role node for every replica the arms may run there at once (side by
+    side: the fixed arm's one beside the autoscaled arm's max_replicas; one arm: the usual nodes already fit)."""
+    def most(role: str) -> int:
+        return sum(int(o.get(f"{role}.autoscaling", {}).get("max_replicas", 1)) for o in overrides.values())
+
+    return tuple(replace(n, num_cpus=max(n.num_cpus, CPUS_PER_REPLICA * most(n.role))) if n.role in ROLES else n
+                 for n in DEFAULT_NODES)
+
+
 Plan = Callable[[str], tuple[list[Phase], list[dict[str, Any]]]]
 
 
@@ -395,7 +412,7 @@ def run_arms(arms: list[str], plan: Plan, args: argparse.Namespace) -> dict[str,
     apps = {APP: arms[0]} if len(arms) == 1 else {arm: arm for arm in arms}
     stack = LocalStack(apps={app: ("/" if app == APP else f"/{app}", "disaggregated") for app in apps}, ports=BENCH,
                        api_keys=(BENCH_API_KEY,), overrides={app: overrides[arm] for app, arm in apps.items()},
-                       cluster_env=dict(PUSH_INTERVAL_ENV))
+                       nodes=role_nodes(overrides), cluster_env=dict(PUSH_INTERVAL_ENV))
     label = "+".join(arms)
     for arm in arms:
         log(f"arm {arm}: starting the stack (overrides {json.dumps(overrides[arm])})")

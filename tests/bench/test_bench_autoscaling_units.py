@@ -95,3 +95,13 @@ def test_a_cut_run_counts_its_sent_but_unfinished_requests_as_misses_and_leaves_
     (tmp_path / "results.json").write_text(json.dumps({"autoscaled": {"arm": "autoscaled", "requests": finished}}))
     both = bench.arms_from_partial(tmp_path, {}, {}, seed=3)  # an arm that finished before the cut is kept whole
     assert both["autoscaled"]["requests"] == finished and len(both["fixed"]["requests"]) == 8
+
+
+def test_side_by_side_role_nodes_hold_the_fixed_replica_beside_the_autoscaled_maximum() -> None:
+    import bench.autoscaling as bench
+
+    fixed, auto = arm_overrides("fixed", "floating"), arm_overrides("autoscaled", "floating", targets="slo")
+    cpus = {n.name: n.num_cpus for n in bench.role_nodes({"fixed": fixed, "autoscaled": auto})}
+    assert cpus["prefill"] == cpus["decode"] == bench.CPUS_PER_REPLICA * 3  # 1 fixed + 2 autoscaled per role
+    alone = {n.name: n.num_cpus for n in bench.role_nodes({"autoscaled": auto})}
+    assert alone["prefill"] == alone["decode"] == bench.CPUS_PER_REPLICA * 2
