@@ -34,7 +34,9 @@ case "$cmd" in
     # The engines' own view: vLLM's periodic stats (throughput, running/waiting, KV use) and its scheduler settings.
     grep -rah "Asynchronous scheduling\|Avg prompt throughput\|Using executor class\|max_num_seqs\|Maximum concurrency" \
       "$dir" /tmp/rld-*/session_latest/logs 2>/dev/null | cut -c1-400 | tail -3000 > "$dir/engine-log-lines.txt" || true
-    tar -cf - -C "$dir" --exclude='*/model' . | xz -T0 -6 > "$dest/$(basename "$dir").tar.xz"
+    # written aside, then renamed: a call cut short mid-pack keeps the previous whole pack
+    tar -cf - -C "$dir" --exclude='*/model' . | xz -T0 -6 > "$dest/.$(basename "$dir").tar.xz.tmp"
+    mv "$dest/.$(basename "$dir").tar.xz.tmp" "$dest/$(basename "$dir").tar.xz"
     ls -la "$dest"
     ;;
   follow)
