@@ -204,6 +204,13 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         return measure(stack.base_url(APP), args)
 
 
+def record(req: dict[str, Any], error: Optional[str], client_wait_s: Optional[float]) -> dict[str, Any]:
+    """A request's result with no timings yet (a failed request keeps none)."""
+    return {"i": req["i"], "phase": req["phase"], "kind": req["kind"], "t_sched": req["t_sched"],
+            "client_wait_s": client_wait_s, "error": error[:300] if error else None,
+            "ttft_s": None, "tpot_s": None, "e2e_s": None, "output_tokens": None}
+
+
 def send(url: str, req: dict[str, Any], t0: float) -> dict[str, Any]:
     due = t0 + req["t_sched"]
     started = time.perf_counter()
@@ -213,9 +220,7 @@ def send(url: str, req: dict[str, Any], t0: float) -> dict[str, Any]:
         error = r.problem()
     except Exception as exc:  # noqa: BLE001 - a failed request is a result (an SLO miss)
         r, error = None, f"{type(exc).__name__}: {exc}"
-    rec = {"i": req["i"], "phase": req["phase"], "kind": req["kind"], "t_sched": req["t_sched"],
-           "client_wait_s": round(wait, 4), "error": error[:300] if error else None,
-           "ttft_s": None, "tpot_s": None, "e2e_s": None, "output_tokens": None}
+    rec = record(req, error, round(wait, 4))
     if r is not None and not error:
         rec.update(ttft_s=round(wait + r.ttft_s, 4), e2e_s=round(wait + r.e2e_s, 4), output_tokens=r.output_tokens,
                    tpot_s=round(r.itl_s, 5) if r.itl_s is not None else None)
@@ -286,10 +291,6 @@ class Sampler(threading.Thread):
         self.phases, self.t0, self.metrics_urls = phases, t0, metrics_urls
         self.timelines: dict[str, list[dict[str, Any]]] = {app: [] for app in apps}
         self.stop = threading.Event()
-
-    @property
-    def samples(self) -> list[dict[str, Any]]:  # the one app's (a run of one arm at a time)
-        return next(iter(self.timelines.values()))
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -681,9 +682,7 @@ def arms_from_partial(out: Path, planned: dict[str, Any], rates: dict[str, float
     for path in sorted(out.glob("*-partial.json")):
         part = json.loads(path.read_text())
         done = {r["i"]: r for r in part["requests"]}
-        unfinished = [{"i": q["i"], "phase": q["phase"], "kind": q["kind"], "t_sched": q["t_sched"],
-                       "client_wait_s": None, "error": "not finished when the run was cut", "ttft_s": None,
-                       "tpot_s": None, "e2e_s": None, "output_tokens": None}
+        unfinished = [record(q, "not finished when the run was cut", None)
                       for q in requests[:part["requests_sent"]] if q["i"] not in done]
         arms[part["arm"]] = {"arm": part["arm"], "overrides": None, "startup_s": None, "settle_s": None,
                              "loadavg_before": None, "loadavg_after": None, "timeline": part["timeline"],
