@@ -2,7 +2,7 @@
 # bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
 #
 #   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
-#                      [--piece-mib 52] [--with-locust] [--with-py-spy] [--with-torch] [--xz-level 6]
+#                      [--piece-mib N] [--with-locust] [--with-py-spy] [--with-torch] [--xz-level 6]
 #
 # The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
 # nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
@@ -19,13 +19,13 @@
 # do not load against another torch; torch 2.13 fails to load against the image's NCCL 2.28: undefined symbol
 # ncclCommResume). The machine's other CUDA libraries (nvidia-* wheels) are used as they are.
 # Written as tar.xz in the fewest equal pieces of at most --piece-mib, one per folder <out>/c1, c2, ..., so each
-# fits one transfer with the repository's tracked files (a 64 MiB limit per call; the tree is ~8 MB, so 52 MiB);
+# fits one transfer with the repository's tracked files (a 64 MiB limit per call; the default leaves the tree room);
 # bench/gpu/run.sh --collect gathers pieces delivered separately.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib=52 locust=no pyspy=no torch=no level=6
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib= locust=no pyspy=no torch=no level=6
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
@@ -40,6 +40,9 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+# A transfer carries a piece beside the repository's tracked files, 64 MiB in all: by default each piece gets what
+# the tree leaves, less 2 MiB (the tree grows with committed results: 8 MiB on 2026-12-02, 14 on 2026-12-07).
+[ -n "$piece_mib" ] || piece_mib=$(( 62 - ($(git ls-files -z | du -cb --apparent-size --files0-from=- | tail -1 | cut -f1) + 1048575) / 1048576 ))
 log() { printf '[bench/gpu/stage.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 rm -rf "$S" && mkdir -p "$S/dl" "$S/sm"
 PY=$(hack/pyenv.sh python)

