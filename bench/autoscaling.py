@@ -44,7 +44,9 @@ prefill on core 0, decode on core 1) would put a role's second replica on the sa
 cores it could add no compute at all.
 
 Writes into --out (default bench/out/autoscaling-<time>/): summary.json (`timeline`, `slo_attainment`, per-phase
-figures, replica-seconds), results.json (every request), table.md, replicas.png, commands.txt.
+figures, replica-seconds, each arm's served rate per phase and per replica, and `sizing`: the phases whose rate could
+not compare the arms, one the fixed arm kept up with or one past the autoscaled arm's maximum), results.json (every
+request), table.md, replicas.png, commands.txt.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ PUSH_INTERVAL_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"
 FLOATING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 SAMPLE_EVERY_S = 2.0
 CHECKPOINT_EVERY_S = 30.0
+SERVED_MIN = 10  # finished requests a phase needs for its served rate (fewer: 0, nothing measured)
 SETTLE_QUIET_S = 16.0  # one replica per role this long before the load starts: more than the policy's 12-s look-back
 
 
@@ -311,11 +314,13 @@ class Sampler(threading.Thread):
 
 
 class Checkpoint:
-    """The arm so far (finished requests, replica samples) in `<arm>-partial.json` every CHECKPOINT_EVERY_S: a run
-    cut short (a lent machine's time runs out mid-arm) still leaves what it measured. Removed when the arm ends."""
+    """The arm so far (finished requests, replica samples, the policy's scale decisions) in `<arm>-partial.json` every
+    CHECKPOINT_EVERY_S: a run cut short (a lent machine's time runs out mid-arm) still leaves what it measured.
+    Removed when the arm ends."""
 
-    def __init__(self, path: Optional[Path], arm: str, timeline: list[dict[str, Any]], futures: list[Any]) -> None:
-        self.path, self.arm, self.timeline, self.futures = path, arm, timeline, futures
+    def __init__(self, path: Optional[Path], arm: str, timeline: list[dict[str, Any]], futures: list[Any],
+                 events: Callable[[], list[dict[str, Any]]] = list) -> None:
+        self.path, self.arm, self.timeline, self.futures, self.events = path, arm, timeline, futures, events
         self.last = time.monotonic()
 
     def maybe(self) -> None:
@@ -323,12 +328,26 @@ class Checkpoint:
             return
         self.last = time.monotonic()
         done = [f.result() for f in list(self.futures) if f.done()]
+        try:
+            events = self.events()
+        except Exception as exc:  # noqa: BLE001 - the decisions are context; the requests are the result
+            log(f"checkpoint {self.arm}: the policy's decisions could not be read: {type(exc).__name__}: {exc}")
+            events = []
         self.path.write_text(json.dumps({"arm": self.arm, "requests_sent": len(self.futures), "requests": done,
-                                         "timeline": list(self.timeline)}))
+                                         "timeline": list(self.timeline), "scale_events": events}))
 
     def remove(self) -> None:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+def scale_events(policy: list[dict[str, Any]], t0_wall: float) -> list[dict[str, Any]]:
+    """The policy's logged decisions that changed a role's target, timed from the load's start."""
+    return [
+        {"t_s": round(d["t"] - t0_wall, 1), "role": role, "from": d["roles"][role]["from"], "to": d["roles"][role]["to"],
+         "why": d["line"].split(" | ", 1)[0].split(LOG_PREFIX, 1)[-1].strip()}
+        for d in policy for role in ROLES if d["roles"][role]["from"] != d["roles"][role]["to"]
+    ]
 
 
 def settle(arm: str, quiet_s: float, max_s: float, apps: tuple[str, ...] = (APP,)) -> float:
@@ -434,7 +453,8 @@ def run_arms(arms: list[str], plan: Plan, args: argparse.Namespace) -> dict[str,
             timeline_of = {arm: sampler.timelines[app] for app, arm in apps.items()}
             futures: dict[str, list[Any]] = {arm: [] for arm in arms}
             checkpoints = [Checkpoint(args.out / f"{arm}-partial.json" if args.out else None, arm, timeline_of[arm],
-                                      futures[arm]) for arm in arms]
+                                      futures[arm], (lambda: scale_events(decisions(stack), t0_wall))
+                                      if arm == "autoscaled" else list) for arm in arms]
             pools = {arm: ThreadPoolExecutor(max_workers=args.max_in_flight) for arm in arms}  # one per arm
             try:
                 current = None
@@ -471,11 +491,7 @@ def run_arms(arms: list[str], plan: Plan, args: argparse.Namespace) -> dict[str,
                     f"{'-'.join(arms)}-log-lines.txt")
         finally:
             ray.shutdown()
-    events = [
-        {"t_s": round(d["t"] - t0_wall, 1), "role": role, "from": d["roles"][role]["from"], "to": d["roles"][role]["to"],
-         "why": d["line"].split(" | ", 1)[0].split(LOG_PREFIX, 1)[-1].strip()}
-        for d in policy for role in ROLES if d["roles"][role]["from"] != d["roles"][role]["to"]
-    ]
+    events = scale_events(policy, t0_wall)
     out = {}
     for arm in arms:
         failed = sum(1 for r in results[arm] if r["error"])
@@ -552,6 +568,50 @@ def arm_figures(arm: dict[str, Any], loaded: list[str], ttft_s: float, tpot_s: f
     return out
 
 
+def served(arm: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per loaded phase (summary-shaped: name, seconds, load, rate_per_s): the rate offered, the rate the arm finished
+    that phase's requests at (successes, between the first and the last of them to end: a backlog of the phase before
+    can hold the client threads at first, and the phase's own backlog drains after it) and the role's mean RUNNING
+    replicas over that span. Past saturation, served per
+    replica is what one replica serves under this load: the figure the next run's rates are sized by (the
+    one-at-a-time probe misstates it both ways: prefill batches under load, and a side-by-side run's arms share the
+    cores)."""
+    out, start = {}, 0.0
+    for p in phases:
+        end = start + p["seconds"]
+        if p["load"]:
+            ends = sorted(r["t_sched"] + r["e2e_s"] for r in arm["requests"]
+                          if r["phase"] == p["name"] and not r["error"] and r["e2e_s"] is not None)
+            first, last = (ends[0], ends[-1]) if len(ends) >= SERVED_MIN else (start, end)
+            samples = [x["replicas"][p["load"]] for x in arm["timeline"] if first <= x["t_s"] <= last]
+            mean = sum(samples) / len(samples) if samples else math.nan
+            rate = (len(ends) - 1) / (last - first) if len(ends) >= SERVED_MIN and last > first else 0.0
+            out[p["name"]] = {"offered_per_s": p["rate_per_s"], "served_per_s": round(rate, 3),
+                              "mean_replicas": round(mean, 2),
+                              "served_per_replica_per_s": round(rate / mean, 3) if mean else math.nan}
+        start = end
+    return out
+
+
+def sizing(s: dict[str, Any]) -> list[str]:
+    """What says a run's rates did not compare the arms: a phase the fixed arm kept up with (nothing for a second
+    replica to add), or one past what the autoscaled arm's maximum served (overload against overload)."""
+    out = []
+    fixed, auto = s["arms"].get("fixed"), s["arms"].get("autoscaled")
+    for name in s["loaded_phases"]:
+        if fixed and fixed["served"][name]["served_per_s"] >= 0.95 * fixed["served"][name]["offered_per_s"]:
+            out.append(f"{name}: the fixed arm served what was offered ({fixed['served'][name]['served_per_s']:.2f}/s): "
+                       "one replica kept up, so this phase cannot show what a second adds; raise its rate")
+        a, top = (auto["served"][name] if auto else None), ROLE["max_replicas"]
+        if (a and a["served_per_s"] < 0.8 * a["offered_per_s"]
+                and not a["served_per_replica_per_s"] * top >= 0.9 * a["offered_per_s"]):  # NaN: nothing served
+            out.append(f"{name}: the autoscaled arm served {a['served_per_s']:.2f}/s of {a['offered_per_s']:.2f}/s "
+                       f"offered with {a['mean_replicas']:.1f} replicas on average ({a['served_per_replica_per_s']:.2f}/s "
+                       f"a replica): past what its maximum of {top} serves, both arms overloaded; lower the rate to "
+                       "between one and two replicas' served rate")
+    return out
+
+
 def fmt(x: float, spec: str) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -578,6 +638,11 @@ def table(s: dict[str, Any]) -> str:
         for label, key, spec, scale in rows:
             fv, av = fp[key] * scale, ap[key] * scale
             lines.append(f"| {name}: {label} | {fmt(fv, spec)} | {fmt(av, spec)} | {ratio(av, fv)} |")
+        fs, as_ = f["served"][name], a["served"][name]
+        lines.append(f"| {name}: served / offered (per s) | {fs['served_per_s']:.2f} / {fs['offered_per_s']:.2f} | "
+                     f"{as_['served_per_s']:.2f} / {as_['offered_per_s']:.2f} | {ratio(as_['served_per_s'], fs['served_per_s'])} |")
+        lines.append(f"| {name}: served per RUNNING replica (per s) | {fmt(fs['served_per_replica_per_s'], '.2f')} | "
+                     f"{fmt(as_['served_per_replica_per_s'], '.2f')} | |")
     for role in ROLES:
         fv, av = f["replica_seconds"][role], a["replica_seconds"][role]
         lines.append(f"| {role} replica-seconds | {fv} | {av} | {ratio(av, fv)} |")
@@ -636,7 +701,7 @@ def plot(s: dict[str, Any], arms: dict[str, dict[str, Any]], path: Path) -> None
     ax3.set(ylabel="ms", xlabel="seconds since the load started",
             title="TPOT per decode-heavy request (300 output tokens), by arrival time")
     ax3.legend(fontsize=8)
-    fig.suptitle(f"Coupled autoscaling vs fixed replicas, tiny model on {s['machine']['cpus']} CPU cores: SLO attainment "
+    fig.suptitle(f"Coupled autoscaling vs fixed replicas, tiny model on {s['machine']['cpus'] or '?'} CPU cores: SLO attainment "
                  f"{s['slo_attainment']['autoscaled']:.1%} autoscaled vs {s['slo_attainment']['fixed']:.1%} fixed",
                  fontsize=11)
     fig.savefig(path, dpi=80)
@@ -675,7 +740,10 @@ def arms_from_partial(out: Path, planned: dict[str, Any], rates: dict[str, float
     if len(requests) != plan["requests_per_arm"]:
         raise SystemExit(f"--from-partial: {len(requests)} requests from the phases and seed, {plan['requests_per_arm']} "
                          "in plan.json: give the cut run's --seed and rates")
-    planned.update(phases=phases, requests=requests, probe=plan["probe"])
+    # the machine the run measured, not the one reading its files (plan.json has it since 2026-12-07)
+    unrecorded = {"cpus": None, "note": "not recorded by the cut run (its plan.json predates the field)"}
+    planned.update(phases=phases, requests=requests, probe=plan["probe"], machine=plan.get("machine", unrecorded),
+                   versions=plan.get("versions", {"note": unrecorded["note"]}))
     # arms that finished before the cut (one arm at a time: the first) are whole in results.json
     results = out / "results.json"
     arms: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {}
@@ -686,7 +754,8 @@ def arms_from_partial(out: Path, planned: dict[str, Any], rates: dict[str, float
                       for q in requests[:part["requests_sent"]] if q["i"] not in done]
         arms[part["arm"]] = {"arm": part["arm"], "overrides": None, "startup_s": None, "settle_s": None,
                              "loadavg_before": None, "loadavg_after": None, "timeline": part["timeline"],
-                             "scale_events": [], "cut_at_s": part["timeline"][-1]["t_s"] if part["timeline"] else None,
+                             "scale_events": part.get("scale_events", []),
+                             "cut_at_s": part["timeline"][-1]["t_s"] if part["timeline"] else None,
                              "requests": sorted([*done.values(), *unfinished], key=lambda r: r["i"])}
     if not arms:
         raise SystemExit(f"--from-partial: no <arm>-partial.json in {out}")
@@ -755,7 +824,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             phases = with_capacity(parse_phases(args.phases), probed["capacity_per_replica_per_s"] if probed else {})
             planned.update(phases=phases, requests=schedule(phases, rates, args.seed))
             (out / "plan.json").write_text(json.dumps({"phases": [vars(p) for p in phases], "probe": probed,
-                                                        "requests_per_arm": len(planned["requests"])}))
+                                                        "requests_per_arm": len(planned["requests"]),
+                                                        "machine": machine(), "versions": versions()}))
             log(f"{len(planned['requests'])} requests over {sum(p.seconds for p in phases):.0f} s per arm; "
                 f"arms {args.arms}")
         return planned["phases"], planned["requests"]
@@ -774,7 +844,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     loaded = [p.name for p in phases if p.kind]
     s: dict[str, Any] = {
         "what": "coupled prefill/decode autoscaling vs fixed replicas, same open-loop phased load (bench/autoscaling.py)",
-        "machine": machine(), "versions": versions(), "model": "tiny random-weight Llama (devstack/tiny_model.py), CPU",
+        "machine": planned.get("machine") or machine(), "versions": planned.get("versions") or versions(), "model": "tiny random-weight Llama (devstack/tiny_model.py), CPU",
         "engine_threads": args.engine_threads, "side_by_side": args.side_by_side,
         "phases": [{"name": p.name, "seconds": p.seconds, "load": p.kind, "times_capacity": p.times_capacity,
                     "rate_per_s": p.rate if p.rate is not None else rates.get(p.kind or "", 0.0)} for p in phases],
@@ -793,6 +863,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                        **({"cut_at_s": v["cut_at_s"]} if "cut_at_s" in v else {})}
                  for arm, v in arms.items()},
     }
+    for arm, v in arms.items():
+        s["arms"][arm]["served"] = served(v, s["phases"])
+    s["sizing"] = sizing(s)
+    for line in s["sizing"]:
+        log(f"rates: {line}")
     if set(ARMS) <= set(arms):
         s["sensitivity"] = sensitivity(s, arms)
         md = table(s)

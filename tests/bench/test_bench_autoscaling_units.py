@@ -105,3 +105,70 @@ def test_side_by_side_role_nodes_hold_the_fixed_replica_beside_the_autoscaled_ma
     assert cpus["prefill"] == cpus["decode"] == bench.CPUS_PER_REPLICA * 3  # 1 fixed + 2 autoscaled per role
     alone = {n.name: n.num_cpus for n in bench.role_nodes({"autoscaled": auto})}
     assert alone["prefill"] == alone["decode"] == bench.CPUS_PER_REPLICA * 2
+
+
+def test_served_per_replica_is_timed_between_a_phases_first_and_last_finished_request_and_flags_bad_rates() -> None:
+    import bench.autoscaling as bench
+
+    phases = [{"name": "idle", "seconds": 10, "load": None, "rate_per_s": 0.0},
+              {"name": "prefill-heavy", "seconds": 100, "load": "prefill", "rate_per_s": 30.0}]
+
+    def req(i: int, end: float, error: str | None = None) -> dict:
+        return {"i": i, "phase": "prefill-heavy", "kind": "prefill", "t_sched": end - 1.0, "e2e_s": 1.0,
+                "error": error, "ttft_s": 0.5, "tpot_s": None}
+
+    # 51 requests end 1 s apart from t=40 (a backlog held the client threads before): 50 gaps in 50 s -> 1/s;
+    # failures do not count; two replicas RUNNING over that span -> 0.5/s a replica
+    rs = [req(i, 40.0 + i) for i in range(51)] + [req(100 + i, 20.0, "HTTP 503") for i in range(5)]
+    timeline = [{"t_s": float(t), "replicas": {"prefill": 1 if t < 40 else 2, "decode": 1}} for t in range(0, 120, 2)]
+    got = bench.served({"requests": rs, "timeline": timeline}, phases)
+    assert got == {"prefill-heavy": {"offered_per_s": 30.0, "served_per_s": 1.0, "mean_replicas": 2.0,
+                                     "served_per_replica_per_s": 0.5}}
+    few = bench.served({"requests": rs[:3], "timeline": timeline}, phases)["prefill-heavy"]
+    assert few["served_per_s"] == 0.0  # too few finished to time a rate
+    s = {"loaded_phases": ["prefill-heavy"], "arms": {"fixed": {"served": bench.served(
+        {"requests": rs, "timeline": timeline}, [{**phases[1], "rate_per_s": 1.0}])}, "autoscaled": {"served": got}}}
+    warnings = bench.sizing(s)
+    assert any("fixed arm served what was offered" in w for w in warnings)  # one replica kept up
+    assert any("past what its maximum of 2 serves" in w for w in warnings)  # 1/s of 30/s with two replicas
+    # a second replica that never started does not hide it: one replica's 1/s, twice over, is still short of 30/s
+    one = [{**x, "replicas": {"prefill": 1, "decode": 1}} for x in timeline]
+    s["arms"]["autoscaled"]["served"] = bench.served({"requests": rs, "timeline": one}, phases)
+    assert any("past what its maximum of 2 serves" in w for w in bench.sizing(s))
+    # an arm that kept up raises nothing
+    kept = bench.served({"requests": rs, "timeline": timeline}, [{**phases[1], "rate_per_s": 1.0}])
+    assert bench.sizing({"loaded_phases": ["prefill-heavy"], "arms": {"autoscaled": {"served": kept}}}) == []
+
+
+def test_a_cut_run_keeps_the_policy_decisions_and_the_machine_it_ran_on(tmp_path) -> None:
+    import json
+
+    import bench.autoscaling as bench
+
+    events = [{"t_s": 12.0, "role": "prefill", "from": 1, "to": 2, "why": "waiting 10 > 2"}]
+    cp = bench.Checkpoint(tmp_path / "autoscaled-partial.json", "autoscaled", [{"t_s": 0.0}], [], lambda: events)
+    cp.last -= bench.CHECKPOINT_EVERY_S
+    cp.maybe()
+    phases = parse_phases("idle-start:1,prefill-heavy:5:1")
+    n = len(bench.schedule(phases, {}, seed=1))
+    there = {"cpus": 16, "cpu_model": "the lent machine's"}
+    (tmp_path / "plan.json").write_text(json.dumps({"phases": [vars(p) for p in phases], "probe": None,
+                                                    "requests_per_arm": n, "machine": there}))
+    planned: dict = {}
+    arms = bench.arms_from_partial(tmp_path, planned, {}, seed=1)
+    assert arms["autoscaled"]["scale_events"] == events
+    assert planned["machine"] == there  # not the machine reading the files
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    del plan["machine"]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    planned = {}
+    bench.arms_from_partial(tmp_path, planned, {}, seed=1)
+    assert planned["machine"]["cpus"] is None and "not recorded" in planned["machine"]["note"]
+
+    def broken() -> list:
+        raise OSError("controller log gone")
+
+    cp = bench.Checkpoint(tmp_path / "autoscaled-partial.json", "autoscaled", [], [], broken)
+    cp.last -= bench.CHECKPOINT_EVERY_S
+    cp.maybe()  # the requests are still written; the decisions are context
+    assert json.loads((tmp_path / "autoscaled-partial.json").read_text())["scale_events"] == []
