@@ -45,8 +45,9 @@ cores it could add no compute at all.
 
 Writes into --out (default bench/out/autoscaling-<time>/): summary.json (`timeline`, `slo_attainment`, per-phase
 figures, replica-seconds, each arm's served rate per phase and per replica, and `sizing`: the phases whose rate could
-not compare the arms, one the fixed arm kept up with or one past the autoscaled arm's maximum), results.json (every
-request), table.md, replicas.png, commands.txt.
+not compare the arms, one the fixed arm kept up with or one past the autoscaled arm's maximum; `arms.*.cpu`: every
+30 s under load, the machine's busy cores, the load generator's CPU and the stack's processes', also logged as `cpu`
+lines), results.json (every request), table.md, replicas.png, commands.txt.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+import psutil
 
 from bench.paired import stream_once
 from bench.servers import BENCH_API_KEY, REPO_ROOT
@@ -88,6 +91,7 @@ PUSH_INTERVAL_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"
 # bench/results/2026-12-06-h100host-cpu-autoscaling-partial).
 FLOATING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 SAMPLE_EVERY_S = 2.0
+CPU_EVERY_S, CPU_WINDOW_S = 30.0, 5.0  # where the machine's cores go under load: a 5-s window every 30 s
 CHECKPOINT_EVERY_S = 30.0
 SERVED_MIN = 10  # finished requests a phase needs for its served rate (fewer: 0, nothing measured)
 SETTLE_QUIET_S = 16.0  # one replica per role this long before the load starts: more than the policy's 12-s look-back
@@ -313,14 +317,53 @@ class Sampler(threading.Thread):
             self.stop.wait(SAMPLE_EVERY_S)
 
 
+class CpuSampler(threading.Thread):
+    """Every CPU_EVERY_S while the load runs, over CPU_WINDOW_S: the machine's busy cores, the load generator's share
+    (this process: every arm's client threads) and the stack's processes by title. It says whether a replica's
+    engine had its core, or the frontends, the load generator and Ray took the machine (the first side-by-side
+    run served a third of the probed capacity a replica and could not tell why)."""
+
+    def __init__(self, cpu_percent: Callable[[float], dict[str, float]], phases: list[Phase], t0: float) -> None:
+        super().__init__(daemon=True)
+        self.cpu_percent, self.phases, self.t0 = cpu_percent, phases, t0
+        self.samples: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+
+    def sample(self) -> dict[str, Any]:
+        me = psutil.Process()
+        t = time.perf_counter() - self.t0
+        psutil.cpu_percent(None)  # the machine-wide window starts here
+        mine, started = sum(me.cpu_times()[:2]), time.monotonic()
+        by_title = self.cpu_percent(CPU_WINDOW_S)
+        elapsed = time.monotonic() - started
+        busy = psutil.cpu_percent(None) / 100 * (psutil.cpu_count() or 1)
+        own = (sum(me.cpu_times()[:2]) - mine) / elapsed * 100
+        return {"t_s": round(t, 1), "phase": phase_at(self.phases, t), "busy_cores": round(busy, 2),
+                "cores": psutil.cpu_count(), "load_generator_pct": round(own, 1),
+                "stack_pct": round(sum(by_title.values()), 1),
+                "top_pct": {k: round(v, 1) for k, v in list(by_title.items())[:10]}}
+
+    def run(self) -> None:
+        while not self.stop.wait(CPU_EVERY_S - CPU_WINDOW_S):
+            try:
+                x = self.sample()
+            except Exception as exc:  # noqa: BLE001 - where the CPU went is context, not the result
+                log(f"CPU sample failed: {type(exc).__name__}: {exc}")
+                continue
+            self.samples.append(x)
+            top = ", ".join(f"{k} {v:.0f}" for k, v in list(x["top_pct"].items())[:5])
+            log(f"cpu t={x['t_s']:.0f} s ({x['phase']}): {x['busy_cores']:.1f} of {x['cores']} cores busy; load "
+                f"generator {x['load_generator_pct']:.0f} %, stack {x['stack_pct']:.0f} % of a core ({top})")
+
+
 class Checkpoint:
-    """The arm so far (finished requests, replica samples, the policy's scale decisions) in `<arm>-partial.json` every
-    CHECKPOINT_EVERY_S: a run cut short (a lent machine's time runs out mid-arm) still leaves what it measured.
-    Removed when the arm ends."""
+    """The arm so far (finished requests, replica samples, and what `extra` returns: the policy's scale decisions,
+    the CPU samples) in `<arm>-partial.json` every CHECKPOINT_EVERY_S: a run cut short (a lent machine's time runs
+    out mid-arm) still leaves what it measured. Removed when the arm ends."""
 
     def __init__(self, path: Optional[Path], arm: str, timeline: list[dict[str, Any]], futures: list[Any],
-                 events: Callable[[], list[dict[str, Any]]] = list) -> None:
-        self.path, self.arm, self.timeline, self.futures, self.events = path, arm, timeline, futures, events
+                 extra: Callable[[], dict[str, Any]] = dict) -> None:
+        self.path, self.arm, self.timeline, self.futures, self.extra = path, arm, timeline, futures, extra
         self.last = time.monotonic()
 
     def maybe(self) -> None:
@@ -329,12 +372,12 @@ class Checkpoint:
         self.last = time.monotonic()
         done = [f.result() for f in list(self.futures) if f.done()]
         try:
-            events = self.events()
-        except Exception as exc:  # noqa: BLE001 - the decisions are context; the requests are the result
-            log(f"checkpoint {self.arm}: the policy's decisions could not be read: {type(exc).__name__}: {exc}")
-            events = []
+            extra = self.extra()
+        except Exception as exc:  # noqa: BLE001 - decisions and CPU are context; the requests are the result
+            log(f"checkpoint {self.arm}: its decisions/CPU samples could not be read: {type(exc).__name__}: {exc}")
+            extra = {}
         self.path.write_text(json.dumps({"arm": self.arm, "requests_sent": len(self.futures), "requests": done,
-                                         "timeline": list(self.timeline), "scale_events": events}))
+                                         "timeline": list(self.timeline), **extra}))
 
     def remove(self) -> None:
         if self.path is not None:
@@ -450,11 +493,17 @@ def run_arms(arms: list[str], plan: Plan, args: argparse.Namespace) -> dict[str,
             t0_wall = time.time()
             sampler = Sampler(phases, t0, {role: stack.cluster.metrics_url(role) for role in ROLES}, list(apps))
             sampler.start()
+            cpu = CpuSampler(stack.cluster.cpu_percent, phases, t0)
+            cpu.start()
             timeline_of = {arm: sampler.timelines[app] for app, arm in apps.items()}
             futures: dict[str, list[Any]] = {arm: [] for arm in arms}
+
+            def extra(arm: str) -> Callable[[], dict[str, Any]]:
+                return lambda: {"cpu": list(cpu.samples), **(
+                    {"scale_events": scale_events(decisions(stack), t0_wall)} if arm == "autoscaled" else {})}
+
             checkpoints = [Checkpoint(args.out / f"{arm}-partial.json" if args.out else None, arm, timeline_of[arm],
-                                      futures[arm], (lambda: scale_events(decisions(stack), t0_wall))
-                                      if arm == "autoscaled" else list) for arm in arms]
+                                      futures[arm], extra(arm)) for arm in arms]
             pools = {arm: ThreadPoolExecutor(max_workers=args.max_in_flight) for arm in arms}  # one per arm
             try:
                 current = None
@@ -482,7 +531,9 @@ def run_arms(arms: list[str], plan: Plan, args: argparse.Namespace) -> dict[str,
                 for pool in pools.values():
                     pool.shutdown(wait=False, cancel_futures=True)
             sampler.stop.set()
+            cpu.stop.set()
             sampler.join(timeout=30)
+            cpu.join(timeout=30)
             load_after = os.getloadavg()
             policy = decisions(stack) if "autoscaled" in arms else []
             if args.out is not None:
@@ -500,6 +551,7 @@ def run_arms(arms: list[str], plan: Plan, args: argparse.Namespace) -> dict[str,
         out[arm] = {"arm": arm, "overrides": overrides[arm], "side_by_side": len(arms) > 1,
                     "startup_s": round(startup_s, 1), "settle_s": settle_s, "loadavg_before": load_before,
                     "loadavg_after": load_after, "timeline": timeline_of[arm], "scale_events": arm_events,
+                    "cpu": cpu.samples,
                     "requests": results[arm]}
     return out
 
@@ -754,7 +806,7 @@ def arms_from_partial(out: Path, planned: dict[str, Any], rates: dict[str, float
                       for q in requests[:part["requests_sent"]] if q["i"] not in done]
         arms[part["arm"]] = {"arm": part["arm"], "overrides": None, "startup_s": None, "settle_s": None,
                              "loadavg_before": None, "loadavg_after": None, "timeline": part["timeline"],
-                             "scale_events": part.get("scale_events", []),
+                             "scale_events": part.get("scale_events", []), "cpu": part.get("cpu", []),
                              "cut_at_s": part["timeline"][-1]["t_s"] if part["timeline"] else None,
                              "requests": sorted([*done.values(), *unfinished], key=lambda r: r["i"])}
     if not arms:
@@ -865,6 +917,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     }
     for arm, v in arms.items():
         s["arms"][arm]["served"] = served(v, s["phases"])
+        s["arms"][arm]["cpu"] = v.get("cpu", [])  # side by side: both arms' are the same machine's samples
     s["sizing"] = sizing(s)
     for line in s["sizing"]:
         log(f"rates: {line}")

@@ -146,7 +146,9 @@ def test_a_cut_run_keeps_the_policy_decisions_and_the_machine_it_ran_on(tmp_path
     import bench.autoscaling as bench
 
     events = [{"t_s": 12.0, "role": "prefill", "from": 1, "to": 2, "why": "waiting 10 > 2"}]
-    cp = bench.Checkpoint(tmp_path / "autoscaled-partial.json", "autoscaled", [{"t_s": 0.0}], [], lambda: events)
+    cpu = [{"t_s": 30.0, "busy_cores": 15.5}]
+    cp = bench.Checkpoint(tmp_path / "autoscaled-partial.json", "autoscaled", [{"t_s": 0.0}], [],
+                          lambda: {"scale_events": events, "cpu": cpu})
     cp.last -= bench.CHECKPOINT_EVERY_S
     cp.maybe()
     phases = parse_phases("idle-start:1,prefill-heavy:5:1")
@@ -156,7 +158,7 @@ def test_a_cut_run_keeps_the_policy_decisions_and_the_machine_it_ran_on(tmp_path
                                                     "requests_per_arm": n, "machine": there}))
     planned: dict = {}
     arms = bench.arms_from_partial(tmp_path, planned, {}, seed=1)
-    assert arms["autoscaled"]["scale_events"] == events
+    assert arms["autoscaled"]["scale_events"] == events and arms["autoscaled"]["cpu"] == cpu
     assert planned["machine"] == there  # not the machine reading the files
     plan = json.loads((tmp_path / "plan.json").read_text())
     del plan["machine"]
@@ -171,4 +173,28 @@ def test_a_cut_run_keeps_the_policy_decisions_and_the_machine_it_ran_on(tmp_path
     cp = bench.Checkpoint(tmp_path / "autoscaled-partial.json", "autoscaled", [], [], broken)
     cp.last -= bench.CHECKPOINT_EVERY_S
     cp.maybe()  # the requests are still written; the decisions are context
-    assert json.loads((tmp_path / "autoscaled-partial.json").read_text())["scale_events"] == []
+    saved = json.loads((tmp_path / "autoscaled-partial.json").read_text())
+    assert saved["timeline"] == [] and "scale_events" not in saved
+    assert bench.arms_from_partial(tmp_path, {}, {}, seed=1)["autoscaled"]["scale_events"] == []
+
+
+def test_a_cpu_sample_counts_the_load_generator_beside_the_stacks_processes(monkeypatch) -> None:
+    import time
+
+    import bench.autoscaling as bench
+
+    monkeypatch.setattr(bench, "CPU_WINDOW_S", 0.3)
+
+    def busy_stack(window_s: float) -> dict:  # this process spins through the window, as client threads would
+        end = time.monotonic() + window_s
+        while time.monotonic() < end:
+            pass
+        return {"VLLM::EngineCore": 98.0, "ray::ServeReplica:fixed:Decode:tiny": 40.0, "raylet": 3.0}
+
+    sampler = bench.CpuSampler(busy_stack, parse_phases("idle:10,prefill-heavy:60:1"), t0=time.perf_counter() - 12)
+    x = sampler.sample()
+    assert x["phase"] == "prefill-heavy" and 12 <= x["t_s"] < 20
+    assert x["stack_pct"] == 141.0 and list(x["top_pct"]) == ["VLLM::EngineCore", "ray::ServeReplica:fixed:Decode:tiny",
+                                                              "raylet"]
+    assert x["load_generator_pct"] > 5  # the bench's own CPU time over the window, not the stack's
+    assert 0 < x["busy_cores"] <= x["cores"]
