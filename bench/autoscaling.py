@@ -624,10 +624,9 @@ def served(arm: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str, dict[
     """Per loaded phase (summary-shaped: name, seconds, load, rate_per_s): the rate offered, the rate the arm finished
     that phase's requests at (successes, between the first and the last of them to end: a backlog of the phase before
     can hold the client threads at first, and the phase's own backlog drains after it) and the role's mean RUNNING
-    replicas over that span. Past saturation, served per
-    replica is what one replica serves under this load: the figure the next run's rates are sized by (the
-    one-at-a-time probe misstates it both ways: prefill batches under load, and a side-by-side run's arms share the
-    cores)."""
+    replicas over that span. Past saturation, served per replica is what one replica serves under this load: the
+    figure the next run's rates are sized by (the one-at-a-time probe misstates it both ways: prefill batches under
+    load, and a side-by-side run's arms share the cores)."""
     out, start = {}, 0.0
     for p in phases:
         end = start + p["seconds"]
@@ -651,8 +650,9 @@ def sizing(s: dict[str, Any]) -> list[str]:
     out = []
     fixed, auto = s["arms"].get("fixed"), s["arms"].get("autoscaled")
     for name in s["loaded_phases"]:
-        if fixed and fixed["served"][name]["served_per_s"] >= 0.95 * fixed["served"][name]["offered_per_s"]:
-            out.append(f"{name}: the fixed arm served what was offered ({fixed['served'][name]['served_per_s']:.2f}/s): "
+        f = fixed["served"][name] if fixed else None
+        if f and f["offered_per_s"] > 0 and f["served_per_s"] >= 0.95 * f["offered_per_s"]:
+            out.append(f"{name}: the fixed arm served what was offered ({f['served_per_s']:.2f}/s): "
                        "one replica kept up, so this phase cannot show what a second adds; raise its rate")
         a, top = (auto["served"][name] if auto else None), ROLE["max_replicas"]
         if (a and a["served_per_s"] < 0.8 * a["offered_per_s"]
@@ -896,7 +896,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     loaded = [p.name for p in phases if p.kind]
     s: dict[str, Any] = {
         "what": "coupled prefill/decode autoscaling vs fixed replicas, same open-loop phased load (bench/autoscaling.py)",
-        "machine": planned.get("machine") or machine(), "versions": planned.get("versions") or versions(), "model": "tiny random-weight Llama (devstack/tiny_model.py), CPU",
+        # a cut run's figures describe the machine it ran on (plan.json), not the one reading its files
+        "machine": planned.get("machine") or machine(), "versions": planned.get("versions") or versions(),
+        "model": "tiny random-weight Llama (devstack/tiny_model.py), CPU",
         "engine_threads": args.engine_threads, "side_by_side": args.side_by_side,
         "phases": [{"name": p.name, "seconds": p.seconds, "load": p.kind, "times_capacity": p.times_capacity,
                     "rate_per_s": p.rate if p.rate is not None else rates.get(p.kind or "", 0.0)} for p in phases],
