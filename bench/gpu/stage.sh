@@ -43,9 +43,8 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-# A transfer carries a piece beside the repository's tracked files, 64 MiB in all: by default each piece gets what
-# the tree leaves, less 2 MiB (the tree grows with committed results: 8 MiB on 2026-12-02, 14 on 2026-12-07).
-[ -n "$piece_mib" ] || piece_mib=$(( 62 - ($(git ls-files -z | du -cb --apparent-size --files0-from=- | tail -1 | cut -f1) + 1048575) / 1048576 ))
+. bench/gpu/pieces.sh
+[ -n "$piece_mib" ] || piece_mib=$(default_piece_mib)
 log() { printf '[bench/gpu/stage.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 rm -rf "$S" && mkdir -p "$S/dl" "$S/sm"
 PY=$(hack/pyenv.sh python)
