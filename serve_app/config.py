@@ -509,7 +509,8 @@ class PrefillTargets(StrictModel):
         default=2.0,
         gt=0,
         description="Recent time to first token on the prefill engines (their queue + the prompt's prefill, "
-        "vLLM's own measure, mean over the look-back window) above which prefill scales up.",
+        "vLLM's own measure, mean over the look-back window) above which prefill scales up, read while each replica "
+        "holds at least 2 requests (running + waiting): with fewer, a replica more would not lower it.",
     )
     waiting_per_replica: float = Field(
         default=4,
@@ -526,7 +527,8 @@ class DecodeTargets(StrictModel):
         default=0.1,
         gt=0,
         description="Recent inter-token latency on the decode engines (vLLM's measure, mean over the look-back "
-        "window) above which decode scales up.",
+        "window) above which decode scales up, read while each replica holds at least 2 requests (running + "
+        "waiting): with fewer, a replica more would not lower it.",
     )
     kv_cache_usage: float = Field(
         default=0.8,

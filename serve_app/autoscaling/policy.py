@@ -10,6 +10,9 @@ Each role scales on the signal that limits it. Its pressure is the largest signa
   prefill  waiting requests per running replica, recent TTFT (queue + prefill)
   decode   KV-cache use, waiting sequences per running replica, recent ITL, (optionally) running sequences
            per replica
+A latency (TTFT, ITL) counts only while the role holds at least `LATENCY_MIN_REQUESTS_PER_REPLICA` requests
+(running + waiting) per replica: with fewer there is no queue or batch to split, and a latency over its target is the
+engine's floor at this load (a long prompt's prefill, a step over long contexts), which no replica more lowers.
 Above 1 (for `upscale_delay_s`): target = ceil(running x pressure), at once (fast). Below `scale_down_below`
 on every signal for `downscale_delay_s` (and as long since the role's last scale-up): one replica less (slow).
 In between: hold. Then, per role: never below the role's min or above its max; no scale-down while fewer
@@ -36,6 +39,14 @@ KV_CACHE_USAGE = "rld_kv_cache_usage"  # 0-1
 TTFT_S = "rld_ttft_s"  # mean TTFT of the requests that got their first token recently (absent: none did)
 ITL_S = "rld_itl_s"  # mean inter-token latency of recent decode steps (absent: none)
 SIGNAL_KEYS = (WAITING, RUNNING, KV_CACHE_USAGE, TTFT_S, ITL_S)
+
+# The latency signals, and the load under which they say nothing about replicas: a role whose replicas each hold
+# fewer requests (running + waiting) than this has no queue or batch a replica more would split, so a TTFT or ITL
+# over its target there is the engine's floor (the 16-core bench run of 2026-12-07 scaled decode on an ITL of 26 ms
+# against 25 ms with nothing waiting and KV use under 1 %: each decode replica held about one 4-token request).
+LATENCY_SIGNALS = ("ttft_s", "itl_s")
+LATENCY_MIN_REQUESTS_PER_REPLICA = 2.0
+REQUESTS_PER_REPLICA = "requests_per_replica"  # an input the decision reports (running + waiting), not a target
 
 
 @dataclass(frozen=True)
@@ -79,8 +90,9 @@ class RoleDecision:
     limiting: str  # the signal with the largest ratio, e.g. "ttft_s 3.1 / target 2"
     reason: str
     unreachable: bool
-    inputs: dict[str, float]  # the signals, by name (per replica where the target is per replica)
+    inputs: dict[str, float]  # the signals, by name (per replica where the target is per replica), and the load
     targets: dict[str, float]
+    ignored: tuple[str, ...] = ()  # latency signals over their target left out: too little load to split
 
     @property
     def action(self) -> str:
@@ -128,9 +140,21 @@ def role_inputs(role: str, s: RoleSignals, spec: CoupledAutoscalingSpec) -> tupl
     return values, targets
 
 
+def latency_counts(s: RoleSignals, replicas: int) -> bool:
+    """Whether the role's latencies say anything about its replicas when it runs `replicas` of them: each would hold
+    at least LATENCY_MIN_REQUESTS_PER_REPLICA requests (running + waiting)."""
+    return (s.running_seqs + s.waiting) / max(replicas, 1) >= LATENCY_MIN_REQUESTS_PER_REPLICA
+
+
+def _without_latency(values: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if k not in LATENCY_SIGNALS}
+
+
 def _pressure(values: dict[str, float], targets: dict[str, float]) -> tuple[float, str]:
     best, name = 0.0, "none"
     for key, value in values.items():
+        if key not in targets:
+            continue
         ratio = value / targets[key]
         if ratio > best:
             best, name = ratio, key
@@ -147,7 +171,17 @@ def _role_decision(
     role: str, s: RoleSignals, spec: CoupledAutoscalingSpec, st: RoleState, now: float
 ) -> RoleDecision:
     values, targets = role_inputs(role, s, spec)
-    pressure, limiting = _pressure(values, targets)
+    # Scale-up reads the latencies only under load worth splitting over the replicas running; scale-down only if
+    # one replica fewer would still leave too little (else a latency over target holds the role where it is).
+    up_values = values if latency_counts(s, s.running) else _without_latency(values)
+    down_values = values if latency_counts(s, s.running - 1) else _without_latency(values)
+    pressure, limiting = _pressure(up_values, targets)
+    ignored = tuple(k for k in LATENCY_SIGNALS if k in values and k not in up_values and values[k] > targets[k])
+    load = (s.running_seqs + s.waiting) / max(s.running, 1)
+    if ignored:
+        limiting += "; " + ", ".join(f"{k} {values[k]:.3g} over target {targets[k]:.3g}" for k in ignored) + (
+            f" left out ({load:.2g} requests a replica: no queue or batch for a replica more to split)")
+    values = {**values, REQUESTS_PER_REPLICA: round(load, 4)}
     current = s.target
 
     # Replicas asked for but not running: starting, or unplaceable once that lasts placement_timeout_s.
@@ -158,7 +192,8 @@ def _role_decision(
     unreachable = st.pending_since is not None and now - st.pending_since >= spec.placement_timeout_s
 
     def done(target: int, reason: str) -> RoleDecision:
-        return RoleDecision(role, current, target, s.running, pressure, limiting, reason, unreachable, values, targets)
+        return RoleDecision(role, current, target, s.running, pressure, limiting, reason, unreachable, values, targets,
+                            ignored)
 
     if s.running == 0 or s.reported == 0:
         st.over_since = st.under_since = None
@@ -193,6 +228,13 @@ def _role_decision(
     if pressure >= spec.scale_down_below:
         st.under_since = None
         return done(_clamp(current, s), f"{limiting}: within the band")
+    down_pressure, down_limiting = _pressure(down_values, targets)
+    if current > s.min_replicas and down_pressure >= spec.scale_down_below:
+        # a latency left out at this many replicas would count at one fewer: no scale-down
+        st.under_since = None
+        work = s.running_seqs + s.waiting
+        return done(_clamp(current, s), f"{down_limiting}: within the band at {current - 1} replica(s) "
+                    f"({work / max(current - 1, 1):.2g} requests each, enough for it to count)")
 
     st.under_since = st.under_since if st.under_since is not None else now
     quiet_since = max(st.under_since, st.last_up_at if st.last_up_at is not None else st.under_since)

@@ -89,6 +89,8 @@ class _Metrics:
             for name, target in d.targets.items():
                 self.signal_target.set(target, {**tags, "signal": name})
                 self.signal.set(d.inputs.get(name, 0.0), {**tags, "signal": name})
+            for name in d.inputs.keys() - d.targets.keys():  # the load latencies are read against (no target)
+                self.signal.set(d.inputs[name], {**tags, "signal": name})
 
 
 class CoupledPolicy:

@@ -19,13 +19,14 @@ from serve_app.config import CoupledAutoscalingSpec
 SPEC = CoupledAutoscalingSpec(mode="coupled", downscale_delay_s=60, placement_timeout_s=120)
 
 # Loads, as what one replica would report under them (Sim.signals spreads them over the running replicas).
+# "running" and "waiting" are totals (requests in the engines); latencies count only with >= 2 a replica.
 IDLE = {}
-PREFILL_HEAVY = {"prefill": {"waiting": 6, "ttft_s": 5.0}, "decode": {"kv": 0.2, "itl_s": 0.03}}
-DECODE_HEAVY = {"prefill": {"waiting": 0, "ttft_s": 0.3}, "decode": {"kv": 0.95, "waiting": 3, "itl_s": 0.25}}
+PREFILL_HEAVY = {"prefill": {"waiting": 6, "running": 2, "ttft_s": 5.0}, "decode": {"kv": 0.2, "running": 2, "itl_s": 0.03}}
+DECODE_HEAVY = {"prefill": {"waiting": 0, "ttft_s": 0.3}, "decode": {"kv": 0.95, "waiting": 3, "running": 12, "itl_s": 0.25}}
 # at 2 replicas: prefill 0.6-0.75 of its targets, decode 0.7-0.75 (inside the band [0.5, 1])
-IN_BAND_AT_2 = {"prefill": {"waiting": 5, "ttft_s": 3.0}, "decode": {"kv": 1.2, "itl_s": 0.14}}
+IN_BAND_AT_2 = {"prefill": {"waiting": 5, "ttft_s": 3.0}, "decode": {"kv": 1.2, "running": 8, "itl_s": 0.14}}
 # at 2 replicas: 0.55 of every target
-LOW_BAND_AT_2 = {"prefill": {"waiting": 4.4, "ttft_s": 2.2}, "decode": {"kv": 0.88, "itl_s": 0.11}}
+LOW_BAND_AT_2 = {"prefill": {"waiting": 4.4, "ttft_s": 2.2}, "decode": {"kv": 0.88, "running": 8, "itl_s": 0.11}}
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Sim:
                 # A load is a fixed amount of work, given as what ONE replica would see: spread over more
                 # replicas, the queue (a total) stays, each replica's KV use and latencies shrink.
                 waiting=per.get("waiting", 0.0),
+                running_seqs=per.get("running", 0.0),
                 kv_cache_usage=per.get("kv", 0.0) / max(r.running, 1),
                 ttft_s=None if "ttft_s" not in per else per["ttft_s"] / max(r.running, 1),
                 itl_s=None if "itl_s" not in per else per["itl_s"] / max(r.running, 1),
@@ -247,3 +249,69 @@ def test_the_ratio_holds_back_a_scale_down():
 def test_decide_needs_both_roles():
     with pytest.raises(ValueError, match="missing: decode"):
         decide({"prefill": RoleSignals(1, 1, 1, 1)}, SPEC, PolicyState(), 0.0)
+
+
+# The targets the 16-core bench sets from its SLO (bench/autoscaling.py slo_policy: TTFT 2 s, TPOT 25 ms).
+SLO_SPEC = CoupledAutoscalingSpec(
+    mode="coupled", downscale_delay_s=20, prefill={"waiting_per_replica": 2, "ttft_s": 1.0},
+    decode={"waiting_per_replica": 2, "itl_s": 0.025, "kv_cache_usage": 0.8})
+
+
+def hold_trace(spec, start: tuple[int, int], decode_at: Callable[[float, int], RoleSignals], seconds: int):
+    """Plays `decode_at(t, replicas)` against the policy, once a second, replicas following the target at once
+    (prefill idle at 1); returns the decode targets and the last decision."""
+    state, prefill, replicas, targets, d = PolicyState(), start[0], start[1], [], None
+    for t in range(seconds):
+        idle = RoleSignals(running=prefill, target=prefill, min_replicas=1, max_replicas=2, reported=prefill)
+        d = decide({"prefill": idle, "decode": decode_at(float(t), replicas)}, spec, state, float(t))
+        replicas = d.targets["decode"]
+        targets.append(replicas)
+    return targets, d
+
+
+def test_a_latency_over_target_with_nothing_to_split_does_not_scale():
+    # The 16-core bench run's prefill-heavy phases (bench/results/2026-12-07-h100host-cpu-autoscaling-staircase):
+    # decode's ITL (its decision lines, every 20 s) 26-64 ms against 25 ms, nothing waiting and KV use < 1 %, each
+    # decode replica holding about one 4-token request (3.75 prompts/s of ~0.3 s on decode; the run's log kept no
+    # running count: the decode node's engines, both arms', ran 0-3). The policy then scaled decode 1 -> 2 on the
+    # first of those ITLs. Here the running count is a look-back mean, 0.6-1.6 a replica.
+    itls = [0.026, 0.0371, 0.0327, 0.0387, 0.038, 0.0346, 0.0332, 0.04, 0.0409, 0.0447, 0.0556, 0.0636]
+
+    def decode(t: float, n: int) -> RoleSignals:
+        return RoleSignals(running=n, target=n, min_replicas=1, max_replicas=2, reported=n,
+                           running_seqs=(0.6, 1.1, 1.6)[int(t) % 3] * n, waiting=0.0, kv_cache_usage=0.005,
+                           itl_s=itls[int(t) // 20 % len(itls)])
+
+    targets, d = hold_trace(SLO_SPEC, (1, 1), decode, 240)
+    assert set(targets) == {1}, "an ITL no replica more would lower must not add one"
+    dec = d.roles["decode"]
+    assert dec.ignored == ("itl_s",) and "left out" in dec.reason and "requests a replica" in dec.reason
+    assert dec.inputs["requests_per_replica"] < 2 and dec.inputs["itl_s"] > SLO_SPEC.decode.itl_s
+    # the same latency with a batch to split (4 running and 3 waiting a replica): decode scales at once
+    batch = decide({"prefill": RoleSignals(1, 1, 1, 2, reported=1),
+                    "decode": RoleSignals(1, 1, 1, 2, reported=1, running_seqs=4, waiting=1, itl_s=0.04)},
+                   SLO_SPEC, PolicyState(), 0.0)
+    assert batch.targets["decode"] == 2 and "itl_s 0.04 / target 0.025" in batch.roles["decode"].reason
+
+
+def test_a_latency_that_would_count_at_one_replica_fewer_holds_the_role_without_flapping():
+    # decode at 2 with 3 requests (1.5 a replica): its ITL over target says nothing for a third replica, but at one
+    # replica it would (3 a replica): the role holds at 2 rather than dropping to 1 and coming back
+    def decode(t: float, n: int) -> RoleSignals:
+        return RoleSignals(running=n, target=n, min_replicas=1, max_replicas=3, reported=n,
+                           running_seqs=3.0, itl_s=0.03)
+
+    targets, d = hold_trace(SLO_SPEC, (1, 2), decode, 300)
+    assert set(targets) == {2}, targets
+    assert "within the band at 1 replica(s)" in d.roles["decode"].reason
+
+
+def test_a_latency_floor_under_light_load_lets_the_role_come_back_to_its_minimum():
+    # after a decode-heavy phase: one request left per 2 replicas, still over the ITL target (the floor): down to 1
+    def decode(t: float, n: int) -> RoleSignals:
+        return RoleSignals(running=n, target=n, min_replicas=1, max_replicas=2, reported=n,
+                           running_seqs=1.0, itl_s=0.03)
+
+    targets, _ = hold_trace(SLO_SPEC, (1, 2), decode, 120)
+    assert targets[-1] == 1 and targets.index(1) >= SLO_SPEC.downscale_delay_s, targets
+    assert set(targets[targets.index(1):]) == {1}, "and stays there"

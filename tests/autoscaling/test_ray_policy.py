@@ -129,7 +129,7 @@ def test_every_change_is_logged_with_its_inputs(caplog):
     def tick(prefill_target: int, now: float):
         return p(dict([
             context(app, "prefill", running=1, target=prefill_target, now=now,
-                    per_replica={**IDLE_SIGNALS, policy.TTFT_S: 5.0}),
+                    per_replica={**IDLE_SIGNALS, policy.RUNNING: 3, policy.TTFT_S: 5.0}),
             context(app, "decode", running=1, target=1, now=now, per_replica=IDLE_SIGNALS),
         ]))
 
@@ -139,7 +139,7 @@ def test_every_change_is_logged_with_its_inputs(caplog):
     lines = [r.getMessage() for r in caplog.records if LOG_PREFIX in r.getMessage()]
     assert len(lines) == 1, lines
     assert "prefill 1->3 (ttft_s 5 / target 2 = x2.50)" in lines[0] and "decode hold 1" in lines[0]
-    assert '"ttft_s": 5.0' in lines[0] and '"replicas": 1' in lines[0]
+    assert '"ttft_s": 5.0' in lines[0] and '"replicas": 1' in lines[0] and '"requests_per_replica": 3.0' in lines[0]
 
 
 def test_a_misconfigured_app_gets_no_decision_and_one_error(caplog):
