@@ -283,8 +283,8 @@ def save_log_lines(log_dir: Path, path: Path, limit: int = 20000) -> int:
     lines = []
     for f in files:
         for line in f.read_text(errors="replace").splitlines():
-            if any(m in line for m in LOG_MARKERS):
-                lines.append(f"{f.name}: {line[:400]}")
+            if any(m in line for m in LOG_MARKERS):  # a decision line whole: its JSON carries the inputs
+                lines.append(f"{f.name}: {line[:4000] if LOG_PREFIX in line else line[:400]}")
     path.write_text("\n".join(lines[-limit:]) + "\n")
     return len(lines)
 
@@ -645,15 +645,19 @@ def served(arm: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str, dict[
 
 
 def sizing(s: dict[str, Any]) -> list[str]:
-    """What says a run's rates did not compare the arms: a phase the fixed arm kept up with (nothing for a second
-    replica to add), or one past what the autoscaled arm's maximum served (overload against overload)."""
+    """What says a run's rates did not compare the arms: a phase the fixed arm kept up with (served what was offered
+    with 90 % of its TTFTs within target: nothing for a second replica to add), or one past what the autoscaled arm's
+    maximum served (overload against overload). Served alone does not say it: a queue that drains within the phase
+    serves the offered rate at TTFTs of seconds."""
     out = []
     fixed, auto = s["arms"].get("fixed"), s["arms"].get("autoscaled")
     for name in s["loaded_phases"]:
         f = fixed["served"][name] if fixed else None
-        if f and f["offered_per_s"] > 0 and f["served_per_s"] >= 0.95 * f["offered_per_s"]:
-            out.append(f"{name}: the fixed arm served what was offered ({f['served_per_s']:.2f}/s): "
-                       "one replica kept up, so this phase cannot show what a second adds; raise its rate")
+        ttft_ok = fixed.get("phases", {}).get(name, {}).get("ttft_ok", 1.0) if fixed else 1.0
+        if f and f["offered_per_s"] > 0 and f["served_per_s"] >= 0.95 * f["offered_per_s"] and ttft_ok >= 0.9:
+            out.append(f"{name}: the fixed arm served what was offered ({f['served_per_s']:.2f}/s, {ttft_ok:.0%} of "
+                       "TTFTs within target): one replica kept up, so this phase cannot show what a second adds; "
+                       "raise its rate")
         a, top = (auto["served"][name] if auto else None), ROLE["max_replicas"]
         if (a and a["served_per_s"] < 0.8 * a["offered_per_s"]
                 and not a["served_per_replica_per_s"] * top >= 0.9 * a["offered_per_s"]):  # NaN: nothing served

@@ -130,6 +130,10 @@ def test_served_per_replica_is_timed_between_a_phases_first_and_last_finished_re
         {"requests": rs, "timeline": timeline}, [{**phases[1], "rate_per_s": 1.0}])}, "autoscaled": {"served": got}}}
     warnings = bench.sizing(s)
     assert any("fixed arm served what was offered" in w for w in warnings)  # one replica kept up
+    # ... unless it kept up only by queueing: the offered rate served at TTFTs over target
+    s["arms"]["fixed"]["phases"] = {"prefill-heavy": {"ttft_ok": 0.39}}
+    assert not any("fixed arm served what was offered" in w for w in bench.sizing(s))
+    del s["arms"]["fixed"]["phases"]
     assert any("past what its maximum of 2 serves" in w for w in warnings)  # 1/s of 30/s with two replicas
     # a second replica that never started does not hide it: one replica's 1/s, twice over, is still short of 30/s
     one = [{**x, "replicas": {"prefill": 1, "decode": 1}} for x in timeline]
