@@ -233,8 +233,8 @@ def _role_decision(
         # a latency left out at this many replicas would count at one fewer: no scale-down
         st.under_since = None
         work = s.running_seqs + s.waiting
-        return done(_clamp(current, s), f"{down_limiting}: within the band at {current - 1} replica(s) "
-                    f"({work / max(current - 1, 1):.2g} requests each, enough for it to count)")
+        return done(_clamp(current, s), f"{down_limiting} at {current - 1} replica(s), where it would count "
+                    f"({work / max(current - 1, 1):.2g} requests each): no scale-down")
 
     st.under_since = st.under_since if st.under_since is not None else now
     quiet_since = max(st.under_since, st.last_up_at if st.last_up_at is not None else st.under_since)

@@ -303,7 +303,7 @@ def test_a_latency_that_would_count_at_one_replica_fewer_holds_the_role_without_
 
     targets, d = hold_trace(SLO_SPEC, (1, 2), decode, 300)
     assert set(targets) == {2}, targets
-    assert "within the band at 1 replica(s)" in d.roles["decode"].reason
+    assert "at 1 replica(s), where it would count (3 requests each): no scale-down" in d.roles["decode"].reason
 
 
 def test_a_latency_floor_under_light_load_lets_the_role_come_back_to_its_minimum():
