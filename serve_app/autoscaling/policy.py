@@ -140,10 +140,15 @@ def role_inputs(role: str, s: RoleSignals, spec: CoupledAutoscalingSpec) -> tupl
     return values, targets
 
 
+def requests_per_replica(s: RoleSignals, replicas: int) -> float:
+    """The role's requests (running + waiting) over `replicas` of it."""
+    return (s.running_seqs + s.waiting) / max(replicas, 1)
+
+
 def latency_counts(s: RoleSignals, replicas: int) -> bool:
     """Whether the role's latencies say anything about its replicas when it runs `replicas` of them: each would hold
-    at least LATENCY_MIN_REQUESTS_PER_REPLICA requests (running + waiting)."""
-    return (s.running_seqs + s.waiting) / max(replicas, 1) >= LATENCY_MIN_REQUESTS_PER_REPLICA
+    at least LATENCY_MIN_REQUESTS_PER_REPLICA requests."""
+    return requests_per_replica(s, replicas) >= LATENCY_MIN_REQUESTS_PER_REPLICA
 
 
 def _without_latency(values: dict[str, float]) -> dict[str, float]:
@@ -177,7 +182,7 @@ def _role_decision(
     down_values = values if latency_counts(s, s.running - 1) else _without_latency(values)
     pressure, limiting = _pressure(up_values, targets)
     ignored = tuple(k for k in LATENCY_SIGNALS if k in values and k not in up_values and values[k] > targets[k])
-    load = (s.running_seqs + s.waiting) / max(s.running, 1)
+    load = requests_per_replica(s, s.running)
     if ignored:
         limiting += "; " + ", ".join(f"{k} {values[k]:.3g} over target {targets[k]:.3g}" for k in ignored) + (
             f" left out ({load:.2g} requests a replica: no queue or batch for a replica more to split)")
@@ -232,9 +237,8 @@ def _role_decision(
     if current > s.min_replicas and down_pressure >= spec.scale_down_below:
         # a latency left out at this many replicas would count at one fewer: no scale-down
         st.under_since = None
-        work = s.running_seqs + s.waiting
         return done(_clamp(current, s), f"{down_limiting} at {current - 1} replica(s), where it would count "
-                    f"({work / max(current - 1, 1):.2g} requests each): no scale-down")
+                    f"({requests_per_replica(s, current - 1):.2g} requests each): no scale-down")
 
     st.under_since = st.under_since if st.under_since is not None else now
     quiet_since = max(st.under_since, st.last_up_at if st.last_up_at is not None else st.under_since)
